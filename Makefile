@@ -1,0 +1,36 @@
+# gpupool: `make run` shows the pool, `make test` runs ruff, mypy and pytest. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint typecheck pytest bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/gpupool pool
+
+test: lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check spawner widgets tests benchmarks
+	$(BIN)/ruff format --check spawner widgets tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy spawner widgets
+
+pytest: $(STAMP)
+	$(BIN)/pytest
+
+# The full placement table of the README (about an hour on two cores); TRACE is the public trace folder.
+TRACE ?= ../shared/data/alibaba-gpu-v2023
+bench: $(STAMP)
+	$(BIN)/python benchmarks/placement_table.py --trace $(TRACE) --out benchmarks/results
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""Benchmarks of placement policies on public cluster traces."""

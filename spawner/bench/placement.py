@@ -1,0 +1,135 @@
+"""The FGD paper's placement experiment (USENIX ATC '23), run on gpupool's own pool and policies.
+
+Protocol (see the README): inflate the workload to ``inflate`` × the cluster's GPU capacity by resampling
+tasks, place them one at a time with no departures, and after each attempt record how much GPU capacity has
+arrived, how much is allocated and how much is fragmented.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from ..pool.devices import FULL_MILLI, Node
+from ..pool.fragmentation import FragmentMeter, typical_shapes
+from ..pool.policies import FragmentAware, RandomFit, policy_by_name
+from ..pool.state import Allocation, PoolState
+from .trace import TracePod
+
+CHECKPOINTS = (90, 100, 110, 120, 130)
+
+
+@dataclass
+class PlacementRun:
+    """The outcome of one run; percentages are of the cluster's GPU capacity."""
+
+    policy: str
+    seed: int
+    pods: int
+    placed: int
+    failed: int
+    alloc_pct: dict[str, float | None]
+    frag_pct_130: float | None
+    p50_us: float
+    p99_us: float
+    curve: dict[int, float | None] = field(repr=False)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "policy": self.policy, "seed": self.seed, "pods": self.pods, "placed": self.placed,
+            "failed": self.failed, "alloc_pct": self.alloc_pct, "frag_pct_130": self.frag_pct_130,
+            "p50_us": self.p50_us, "p99_us": self.p99_us,
+        }
+
+
+def inflate_workload(pods: list[TracePod], capacity_milli: int, inflate: float, rng: random.Random) -> list[TracePod]:
+    """The trace shuffled, then extra tasks resampled from it until demand would pass ``inflate`` × capacity.
+
+    Like the paper's simulator, the stop test adds one GPU's share of the next draw rather than its total,
+    and a draw that would pass the target ends the resampling.
+    """
+    by_name = sorted(pods, key=lambda p: p.name)
+    arrival = list(by_name)
+    rng.shuffle(arrival)
+    target = inflate * capacity_milli
+    demand = sum(p.gpu_milli_total for p in by_name)
+    extra = 0
+    while True:
+        clone = by_name[rng.randrange(len(by_name))]
+        if demand + clone.gpu_milli_per_gpu > target:
+            break
+        demand += clone.gpu_milli_total
+        arrival.append(TracePod(f"{clone.name}-x{extra}", clone.request))
+        extra += 1
+    return arrival
+
+
+def run_placement(
+    nodes: list[Node], pods: list[TracePod], policy: str, seed: int, inflate: float = 1.3
+) -> PlacementRun:
+    """Run the protocol once and summarise it."""
+    rng = random.Random(seed)
+    capacity = sum(len(n.gpus) for n in nodes) * FULL_MILLI
+    arrival = inflate_workload(pods, capacity, inflate, rng)
+    ordered = sorted(nodes, key=lambda n: n.name)
+    ranks = rng.sample(range(len(ordered)), len(ordered))
+    shapes = typical_shapes(p.request for p in sorted(pods, key=lambda p: p.name))
+    chosen = RandomFit(seed=rng.randrange(2**32)) if policy == "random" else policy_by_name(policy)
+    if isinstance(chosen, FragmentAware):
+        chosen.set_workload(shapes)
+    state = PoolState(ordered, chosen, ranks=ranks, explain_refusals=False)
+
+    meter = FragmentMeter(shapes)
+    node_fragment = [_fragment(meter, ns) for ns in state.nodes]
+    index = {ns.node.name: i for i, ns in enumerate(state.nodes)}
+    fragment_total = sum(node_fragment)
+
+    arrived = used = failed = 0
+    samples: dict[int, list[tuple[float, float]]] = {}
+    latencies = []
+    for number, pod in enumerate(arrival):
+        started = time.perf_counter_ns()
+        outcome = state.place(pod.request, f"pod-{number}")
+        latencies.append(time.perf_counter_ns() - started)
+        arrived += pod.gpu_milli_total
+        if isinstance(outcome, Allocation):
+            used += pod.gpu_milli_total
+            i = index[outcome.node]
+            new = _fragment(meter, state.nodes[i])
+            fragment_total += new - node_fragment[i]
+            node_fragment[i] = new
+        else:
+            failed += 1
+        arrived_pct = round(arrived / capacity * 100)
+        samples.setdefault(arrived_pct, []).append(
+            (round(used / capacity * 100, 2), fragment_total / capacity * 100)
+        )
+
+    curve = {x: _bucket(samples, x, 0) for x in range(0, round(inflate * 100) + 1)}
+    frag = _bucket(samples, round(inflate * 100), 1)
+    latencies.sort()
+    return PlacementRun(
+        policy=policy, seed=seed, pods=len(arrival), placed=len(arrival) - failed, failed=failed,
+        alloc_pct={str(x): curve.get(x) for x in CHECKPOINTS},
+        frag_pct_130=None if frag is None else round(frag, 2),
+        p50_us=round(latencies[len(latencies) // 2] / 1000, 1),
+        p99_us=round(latencies[int(len(latencies) * 0.99)] / 1000, 1),
+        curve=curve,
+    )
+
+
+def _fragment(meter: FragmentMeter, ns: object) -> float:
+    from ..pool.node_state import NodeState
+
+    assert isinstance(ns, NodeState)
+    return meter.fragment(ns.cpu_free, [(g.product, f) for g, f in zip(ns.gpus, ns.free, strict=True)])
+
+
+def _bucket(samples: dict[int, list[tuple[float, float]]], x: int, column: int) -> float | None:
+    """Mean of the events whose arrived percentage rounds to ``x`` (or within one of it, if none do)."""
+    values = [s[column] for s in samples.get(x, [])]
+    if not values:
+        values = [s[column] for near in (x - 1, x, x + 1) for s in samples.get(near, [])]
+    return round(statistics.fmean(values), 2) if values else None

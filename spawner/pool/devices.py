@@ -1,0 +1,74 @@
+"""What a pool is made of: nodes, GPUs, MIG instances and shared GPUs, as immutable records.
+
+These describe hardware and how the admin laid it out. Who holds what lives in :mod:`.state`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Health(str, Enum):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"  # failed: lost GPU, critical XID, node NotReady
+    DRAINED = "drained"  # taken out by an admin: running work stays, nothing new is placed
+
+
+class GpuMode(str, Enum):
+    """How a GPU is handed out."""
+
+    WHOLE = "whole"  # leased only as a whole device
+    MIG = "mig"  # split into the MIG instances the admin configured; each is leased on its own
+    SHARED = "shared"  # time-shared in fractions of 1000 milli; a fully free one may still go whole
+
+
+FULL_MILLI = 1000
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A configured MIG instance: its profile and the memory slice it starts at on its parent GPU."""
+
+    uuid: str
+    profile: str
+    start: int
+    memory_mib: int
+    parent_uuid: str
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical GPU on a node."""
+
+    uuid: str
+    index: int
+    product: str  # canonical product name (see products.normalize_product) or a site's own model label
+    memory_mib: int
+    compute_capability: str = ""
+    driver_version: str = ""
+    nvlink_group: int | None = None  # GPUs with the same group on a node are NVLinked together
+    mode: GpuMode = GpuMode.WHOLE
+    mig_instances: tuple[MigInstance, ...] = ()
+    max_shares: int | None = None  # SHARED mode: at most this many holders at once (None: only milli limits)
+    health: Health = Health.HEALTHY
+
+    @property
+    def label(self) -> str:
+        return f"{self.product} #{self.index}"
+
+
+@dataclass(frozen=True)
+class Node:
+    """A machine in the pool with its CPU, memory and GPUs."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: tuple[Gpu, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    health: Health = Health.HEALTHY
+
+    @property
+    def products(self) -> frozenset[str]:
+        return frozenset(g.product for g in self.gpus)

@@ -1,0 +1,103 @@
+"""GPU fragmentation as the FGD paper measures it (Weng et al., USENIX ATC '23).
+
+A node's free GPU capacity is *fragmented for* a typical task when that task could not use it: the node
+cannot host the task at all (then all its free GPU capacity counts), or the free capacity sits on GPUs too
+full for the task (then those GPUs count). Weighting by how common each task shape is gives the node's
+expected fragment; placing a task where it grows that the least keeps the pool usable.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .devices import FULL_MILLI
+from .requests import GpuShare, Request, WholeGpus
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """A kind of task, by what it asks of one node (memory never enters fragmentation), and how common it is."""
+
+    cpu_milli: int
+    gpu_milli: int  # per GPU
+    gpu_count: int
+    products: frozenset[str]
+    weight: float = 1.0
+
+
+def shape_of(request: Request) -> tuple[int, int, int, frozenset[str]]:
+    need = request.gpu
+    if isinstance(need, WholeGpus):
+        return (request.cpu_milli, FULL_MILLI, need.count, need.products)
+    if isinstance(need, GpuShare):
+        return (request.cpu_milli, need.milli, 1, need.products)
+    return (request.cpu_milli, 0, 0, frozenset())
+
+
+def typical_shapes(requests: Iterable[Request], coverage: float = 0.95) -> tuple[TaskShape, ...]:
+    """The most common task shapes that together make up ``coverage`` of ``requests``, with weights.
+
+    Shapes are taken most common first (ties: larger CPU, GPU share, GPU count, then products) until the
+    running count reaches ``coverage``; the shape that crosses the line is kept, as the paper's simulator does.
+    """
+    counts = Counter(shape_of(r) for r in requests)
+    ordered = sorted(counts.items(), key=lambda item: (item[1], *item[0][:3], ",".join(sorted(item[0][3]))),
+                     reverse=True)
+    total = sum(counts.values())
+    kept: list[tuple[tuple[int, int, int, frozenset[str]], int]] = []
+    running = 0
+    for shape, count in ordered:
+        kept.append((shape, count))
+        running += count
+        if running >= coverage * total:
+            break
+    kept_total = sum(count for _, count in kept)
+    return tuple(TaskShape(*shape, weight=count / kept_total) for shape, count in kept)
+
+
+class FragmentMeter:
+    """Expected fragmented GPU milli of a node state, memoised: clusters repeat the same states a lot."""
+
+    def __init__(self, shapes: Sequence[TaskShape]) -> None:
+        self.shapes = tuple(shapes)
+        self._cpu_steps = sorted({s.cpu_milli for s in self.shapes})
+        # Per shape: how many CPU steps a node must reach for it, its GPU need, and its weight.
+        self._table = [
+            (bisect_right(self._cpu_steps, s.cpu_milli), s.gpu_milli, s.gpu_count, s.products, s.weight)
+            for s in self.shapes
+        ]
+        self._memo: dict[tuple[int, tuple[tuple[str, int], ...]], float] = {}
+
+    def fragment(self, cpu_free: int, gpus: Sequence[tuple[str, int]]) -> float:
+        """Expected fragment of a node with ``cpu_free`` CPU milli and ``(product, free milli)`` per GPU."""
+        key = (bisect_right(self._cpu_steps, cpu_free), tuple(sorted(gpus)))
+        cached = self._memo.get(key)
+        if cached is None:
+            cached = self._memo[key] = self._compute(key[0], key[1])
+            if len(self._memo) > 500_000:
+                self._memo.clear()
+        return cached
+
+    def _compute(self, cpu_step: int, gpus: tuple[tuple[str, int], ...]) -> float:
+        total = sum(free for _, free in gpus)
+        expected = 0.0
+        for needed_step, gpu_milli, gpu_count, products, weight in self._table:
+            if gpu_count == 0 or cpu_step < needed_step:
+                expected += weight * total
+                continue
+            usable = 0
+            fragment = 0
+            for product, free in gpus:
+                if (not products or product in products) and free >= gpu_milli:
+                    usable += 1
+                else:
+                    fragment += free
+            expected += weight * (fragment if usable >= gpu_count else total)
+        return expected
+
+    def total(self, states: Iterable[tuple[int, Sequence[tuple[str, int]]]]) -> float:
+        """Sum of :meth:`fragment` over many nodes."""
+        return sum(self.fragment(cpu, gpus) for cpu, gpus in states)

@@ -1,0 +1,184 @@
+"""What is free on one node right now, and which devices on it could serve a request.
+
+This is the hot path of every placement (a decision on a 1,213-node cluster visits every node), so it
+keeps plain lists and counters instead of re-deriving them from the allocations.
+"""
+
+from __future__ import annotations
+
+from .devices import FULL_MILLI, Gpu, GpuMode, Health, Node
+from .mig import GEOMETRIES, profile_memory_gb
+from .requests import GpuShare, MigSlice, Request, WholeGpus
+
+Option = tuple[int, ...]
+"""Devices on one node that would serve a request: GPU positions for whole GPUs, ``(position,)`` for a
+share, ``(position, instance)`` for a MIG slice, ``()`` for CPU only."""
+
+
+class NodeState:
+    """Free CPU, memory and devices of one node; changed only through :meth:`take` and :meth:`give_back`."""
+
+    __slots__ = (
+        "cpu_free", "free", "gpu_ok", "healthy", "holders", "mem_free", "mig_free", "node", "rank",
+        "share_count", "share_mem_free", "state_id", "type_key",
+    )
+
+    def __init__(self, node: Node, rank: int) -> None:
+        self.node = node
+        self.rank = rank  # ties between equally good nodes go to the lower rank
+        self.cpu_free = node.cpu_milli
+        self.mem_free = node.memory_mib
+        self.free = [FULL_MILLI for _ in node.gpus]  # milli free; a MIG GPU's share of free memory slices
+        self.share_mem_free = [g.memory_mib for g in node.gpus]
+        self.share_count = [0 for _ in node.gpus]
+        self.mig_free = [set(range(len(g.mig_instances))) for g in node.gpus]
+        self.healthy = node.health is Health.HEALTHY
+        self.gpu_ok = [g.health is Health.HEALTHY for g in node.gpus]
+        self.holders: dict[str, tuple[Request, Option]] = {}
+        # Everything about the node except its name and device identities: equal nodes share cached work.
+        self.type_key = (node.cpu_milli, node.memory_mib, tuple(
+            (g.product, g.memory_mib, g.mode, g.nvlink_group, g.max_shares,
+             tuple((m.profile, m.start, m.memory_mib) for m in g.mig_instances))
+            for g in node.gpus
+        ))
+        self.state_id = -1  # set by the pool: equal ids mean equal type and equal free resources
+
+    @property
+    def gpus(self) -> tuple[Gpu, ...]:
+        return self.node.gpus
+
+    def state_key(self) -> tuple[object, ...]:
+        """The node's type and everything free on it: nodes with equal keys serve requests identically."""
+        return (
+            self.type_key, self.healthy, self.cpu_free, self.mem_free, tuple(self.free),
+            tuple(self.share_mem_free), tuple(self.share_count), tuple(self.gpu_ok),
+            tuple(frozenset(free) for free in self.mig_free),
+        )
+
+    # ---- what could serve a request -------------------------------------------------------------------
+
+    def options(self, request: Request) -> list[Option]:
+        """Every way this node could serve ``request`` now (empty when it cannot)."""
+        if not self.healthy or request.cpu_milli > self.cpu_free or request.memory_mib > self.mem_free:
+            return []
+        need = request.gpu
+        if need is None:
+            return [()]
+        if isinstance(need, GpuShare):
+            return [(p,) for p in self._share_positions(need)]
+        if isinstance(need, WholeGpus):
+            chosen = self._whole_gpu_choice(need)
+            return [chosen] if chosen is not None else []
+        return self._mig_options(need)
+
+    def _share_positions(self, need: GpuShare) -> list[int]:
+        found = []
+        for position, gpu in enumerate(self.node.gpus):
+            if (
+                gpu.mode is GpuMode.SHARED
+                and self.free[position] >= need.milli
+                and self.gpu_ok[position]
+                and self.share_mem_free[position] >= need.memory_mib
+                and (not need.products or gpu.product in need.products)
+                and (gpu.max_shares is None or self.share_count[position] < gpu.max_shares)
+            ):
+                found.append(position)
+        return found
+
+    def whole_gpu_candidates(self, need: WholeGpus) -> list[int]:
+        """Positions of GPUs that are entirely free and acceptable to ``need``."""
+        return [
+            position
+            for position, gpu in enumerate(self.node.gpus)
+            if self.free[position] == FULL_MILLI
+            and gpu.mode is not GpuMode.MIG
+            and self.gpu_ok[position]
+            and self.share_count[position] == 0
+            and (not need.products or gpu.product in need.products)
+            and gpu.memory_mib >= need.min_memory_mib
+        ]
+
+    def _whole_gpu_choice(self, need: WholeGpus) -> Option | None:
+        free = self.whole_gpu_candidates(need)
+        if len(free) < need.count:
+            return None
+        # Prefer one NVLink group, the tightest one that fits, so larger groups stay whole for larger asks.
+        groups: dict[int, list[int]] = {}
+        for position in free:
+            group = self.node.gpus[position].nvlink_group
+            if group is not None:
+                groups.setdefault(group, []).append(position)
+        fitting = [members for members in groups.values() if len(members) >= need.count]
+        if fitting:
+            return tuple(min(fitting, key=lambda members: (len(members), members[0]))[: need.count])
+        return tuple(free[: need.count])
+
+    def _mig_options(self, need: MigSlice) -> list[Option]:
+        found: list[Option] = []
+        for position, gpu in enumerate(self.node.gpus):
+            if gpu.mode is not GpuMode.MIG or not self.gpu_ok[position]:
+                continue
+            if need.products and gpu.product not in need.products:
+                continue
+            for index in sorted(self.mig_free[position]):
+                instance = gpu.mig_instances[index]
+                if need.profile is not None:
+                    if instance.profile == need.profile:
+                        found.append((position, index))
+                elif need.min_memory_gb is not None and profile_memory_gb(instance.profile) >= need.min_memory_gb:
+                    found.append((position, index))
+        return found
+
+    # ---- changing what is free -------------------------------------------------------------------------
+
+    def take(self, owner: str, request: Request, option: Option) -> None:
+        """Hand the devices in ``option`` (from :meth:`options`) and the CPU and memory to ``owner``."""
+        self.cpu_free -= request.cpu_milli
+        self.mem_free -= request.memory_mib
+        self._change_devices(request, option, sign=-1)
+        self.holders[owner] = (request, option)
+
+    def give_back(self, owner: str) -> tuple[Request, Option]:
+        request, option = self.holders.pop(owner)
+        self.cpu_free += request.cpu_milli
+        self.mem_free += request.memory_mib
+        self._change_devices(request, option, sign=+1)
+        return request, option
+
+    def _change_devices(self, request: Request, option: Option, sign: int) -> None:
+        need = request.gpu
+        if isinstance(need, WholeGpus):
+            for position in option:
+                self.free[position] += sign * FULL_MILLI
+        elif isinstance(need, GpuShare):
+            (position,) = option
+            self.free[position] += sign * need.milli
+            self.share_mem_free[position] += sign * need.memory_mib
+            self.share_count[position] -= sign
+        elif isinstance(need, MigSlice):
+            position, index = option
+            gpu = self.node.gpus[position]
+            if sign < 0:
+                self.mig_free[position].discard(index)
+            else:
+                self.mig_free[position].add(index)
+            held_slices = sum(
+                _slices(gpu, i) for i in range(len(gpu.mig_instances)) if i not in self.mig_free[position]
+            )
+            self.free[position] = FULL_MILLI - FULL_MILLI * held_slices // _total_slices(gpu)
+
+    def set_health(self, node_health: Health | None = None, gpu_health: dict[int, Health] | None = None) -> None:
+        if node_health is not None:
+            self.healthy = node_health is Health.HEALTHY
+        for position, health in (gpu_health or {}).items():
+            self.gpu_ok[position] = health is Health.HEALTHY
+
+
+def _total_slices(gpu: Gpu) -> int:
+    geo = GEOMETRIES.get(gpu.product)
+    return geo.memory_slices if geo else 8
+
+
+def _slices(gpu: Gpu, index: int) -> int:
+    geo = GEOMETRIES.get(gpu.product)
+    return geo.profile(gpu.mig_instances[index].profile).memory_slices if geo else 1

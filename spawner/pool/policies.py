@@ -1,0 +1,241 @@
+"""Placement policies: given the nodes that could serve a request, choose one node and its devices.
+
+Every policy sits behind :class:`PlacementPolicy` and is chosen by name (:func:`policy_by_name`).
+Scores are "higher is better"; equal scores go to the node with the lower rank, so runs repeat exactly.
+
+- ``first-fit``  the first node (by rank) with enough free devices: counting only, the naive baseline.
+- ``spread``     Kubernetes' default: the node with the most CPU and memory left (LeastAllocated).
+- ``best-fit``   the node that would have the least CPU and GPU left: packs tightly.
+- ``random``     a uniformly random node and GPU among those that fit.
+- ``fgd``        Fragmentation Gradient Descent (Weng et al., ATC '23): least growth in expected fragment.
+- ``gpupool``    our default: FGD's fragment measure without its score rounding, with the CPU a GPU node
+                 still needs for its GPUs kept in view, and best fit to break the remaining ties.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+from .devices import FULL_MILLI
+from .fragmentation import FragmentMeter, TaskShape, shape_of, typical_shapes
+from .mig import profile_memory_gb
+from .node_state import NodeState, Option
+from .requests import GpuShare, MigSlice, Request
+
+if TYPE_CHECKING:
+    from .state import PoolState
+
+Candidates = Sequence[tuple[NodeState, list[Option]]]
+
+
+class UnknownPolicy(ValueError):
+    """A policy name that is not registered."""
+
+
+class PlacementPolicy(ABC):
+    """Chooses where a request goes among the nodes that could serve it."""
+
+    name: ClassVar[str]
+
+    def prepare(self, state: PoolState) -> None:  # noqa: B027 - optional hook
+        """Called once the pool is built, to read whatever the policy needs about it."""
+
+    @abstractmethod
+    def select(self, request: Request, candidates: Candidates) -> tuple[NodeState, Option]:
+        """The node and devices to use; ``candidates`` is never empty."""
+
+
+class ScoringPolicy(PlacementPolicy):
+    """A policy that scores each candidate node and takes the best (ties: lowest rank)."""
+
+    def __init__(self) -> None:
+        # request -> node state_id -> (score, option): a score depends only on the request and the node's state
+        self._memo: dict[Request, dict[int, tuple[object, Option]]] = {}
+        self._memo_size = 0
+
+    def forget_scores(self) -> None:
+        self._memo.clear()
+        self._memo_size = 0
+
+    def select(self, request: Request, candidates: Candidates) -> tuple[NodeState, Option]:
+        best: tuple[object, int, NodeState, Option] | None = None
+        memo = self._memo.get(request)
+        if memo is None or self._memo_size > 1_000_000:
+            if memo is not None:
+                self.forget_scores()
+            memo = self._memo[request] = {}
+        for node_state, options in candidates:
+            scored = memo.get(node_state.state_id)
+            if scored is None:
+                scored = memo[node_state.state_id] = self.score(node_state, request, options)
+                self._memo_size += 1
+            score, option = scored
+            if best is None or score > best[0] or (score == best[0] and node_state.rank < best[1]):  # type: ignore[operator]
+                best = (score, node_state.rank, node_state, option)
+        assert best is not None
+        return best[2], best[3]
+
+    @abstractmethod
+    def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[object, Option]:
+        """How good ``node`` is for ``request`` (comparable across nodes) and which option to use there."""
+
+
+def tightest_option(node: NodeState, request: Request, options: list[Option]) -> Option:
+    """The option that leaves the least stranded: the fullest shared GPU, the smallest fitting MIG slice."""
+    if isinstance(request.gpu, MigSlice):
+        return min(options, key=lambda o: (
+            profile_memory_gb(node.gpus[o[0]].mig_instances[o[1]].profile), node.free[o[0]], o))
+    if isinstance(request.gpu, GpuShare):
+        return min(options, key=lambda o: (node.free[o[0]], o))
+    return options[0]
+
+
+class FirstFit(ScoringPolicy):
+    name = "first-fit"
+
+    def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[object, Option]:
+        return 0, options[0]
+
+
+class Spread(ScoringPolicy):
+    """Kubernetes' LeastAllocated score over CPU and memory, as an integer 0-100."""
+
+    name = "spread"
+
+    def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[object, Option]:
+        cpu = (node.cpu_free - request.cpu_milli) * 100 // max(node.node.cpu_milli, 1)
+        memory = (node.mem_free - request.memory_mib) * 100 // max(node.node.memory_mib, 1)
+        option = max(options, key=lambda o: (node.free[o[0]] if o else 0, [-p for p in o]))
+        return (cpu + memory) // 2, option
+
+
+class BestFit(ScoringPolicy):
+    """The node with the least CPU and GPU left afterwards, each normalised by the pool's largest node."""
+
+    name = "best-fit"
+
+    def prepare(self, state: PoolState) -> None:
+        self.forget_scores()
+        self._cpu_scale = max((ns.node.cpu_milli for ns in state.nodes), default=1) or 1
+        self._gpu_scale = max((len(ns.gpus) for ns in state.nodes), default=1) * FULL_MILLI or FULL_MILLI
+
+    def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[object, Option]:
+        cpu_left = node.cpu_free - request.cpu_milli
+        gpu_left = sum(node.free) - request.gpu_milli
+        raw = 100 * (1 - 0.5 * cpu_left / self._cpu_scale - 0.5 * gpu_left / self._gpu_scale)
+        return math.floor(raw), tightest_option(node, request, options)
+
+
+class RandomFit(PlacementPolicy):
+    """A uniformly random node among those that fit, then a uniformly random fitting device."""
+
+    name = "random"
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._random = random.Random(seed)
+
+    def select(self, request: Request, candidates: Candidates) -> tuple[NodeState, Option]:
+        node, options = candidates[self._random.randrange(len(candidates))] if len(candidates) > 1 else candidates[0]
+        return node, options[self._random.randrange(len(options))]
+
+
+class FragmentAware(ScoringPolicy):
+    """Shared machinery of the fragmentation-aware policies: the workload's typical shapes and a meter.
+
+    Given no workload, the policy learns it from the requests it places, re-reading it as the count doubles.
+    """
+
+    def __init__(self, workload: Sequence[Request] | None = None) -> None:
+        super().__init__()
+        self._fixed = workload is not None
+        self._seen: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
+        self._next_refresh = 1
+        self.meter = FragmentMeter(typical_shapes(workload) if workload else ())
+
+    def set_workload(self, shapes: Sequence[TaskShape]) -> None:
+        self.meter = FragmentMeter(shapes)
+        self._fixed = True
+        self.forget_scores()
+
+    def select(self, request: Request, candidates: Candidates) -> tuple[NodeState, Option]:
+        if not self._fixed:
+            self._learn(request)
+        return super().select(request, candidates)
+
+    def _learn(self, request: Request) -> None:
+        self._seen[shape_of(request)] += 1
+        total = sum(self._seen.values())
+        if total >= self._next_refresh:
+            self._next_refresh *= 2
+            self.meter = FragmentMeter(self._shapes_from_counts())
+            self.forget_scores()
+
+    def _shapes_from_counts(self) -> tuple[TaskShape, ...]:
+        total = sum(self._seen.values())
+        return tuple(TaskShape(*shape, weight=count / total) for shape, count in self._seen.items())
+
+    def fragment_change(self, node: NodeState, request: Request, option: Option) -> float:
+        """How much the node's expected fragment drops (positive) or grows (negative) if ``option`` is taken."""
+        products = [g.product for g in node.gpus]
+        before = self.meter.fragment(node.cpu_free, list(zip(products, node.free, strict=True)))
+        after_free = list(node.free)
+        need = request.gpu
+        if isinstance(need, GpuShare):
+            after_free[option[0]] -= need.milli
+        elif need is not None and not isinstance(need, MigSlice):
+            for position in option:
+                after_free[position] -= FULL_MILLI
+        after = self.meter.fragment(node.cpu_free - request.cpu_milli, list(zip(products, after_free, strict=True)))
+        return before - after
+
+    def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[object, Option]:
+        if isinstance(request.gpu, MigSlice):
+            option = tightest_option(node, request, options)
+            return self.rate(node, request, option, self.fragment_change(node, request, option)), option
+        return max(
+            ((self.rate(node, request, o, self.fragment_change(node, request, o)), o) for o in options),
+            key=lambda scored: scored[0],  # max keeps the first (lowest position) of equals
+        )
+
+    @abstractmethod
+    def rate(self, node: NodeState, request: Request, option: Option, change: float) -> object:
+        """Turn the fragment change of one option into a comparable score."""
+
+
+class Fgd(FragmentAware):
+    """FGD as published: ⌊100·σ(Δ/1000)⌋ of the fragment change Δ."""
+
+    name = "fgd"
+
+    def rate(self, node: NodeState, request: Request, option: Option, change: float) -> object:
+        return math.floor(100 / (1 + math.exp(-change / FULL_MILLI)))
+
+
+class GpuPool(FragmentAware):
+    """FGD's fragment change, unrounded; then the tighter node, so equal changes still pack."""
+
+    name = "gpupool"
+
+    def rate(self, node: NodeState, request: Request, option: Option, change: float) -> object:
+        gpu_left = sum(node.free) - request.gpu_milli
+        return (round(change, 6), -gpu_left, -(node.cpu_free - request.cpu_milli))
+
+
+POLICIES: dict[str, type[PlacementPolicy]] = {
+    cls.name: cls for cls in (FirstFit, Spread, BestFit, RandomFit, Fgd, GpuPool)
+}
+DEFAULT_POLICY = GpuPool.name
+
+
+def policy_by_name(name: str, **options: object) -> PlacementPolicy:
+    """A new policy object for ``name``; raises :class:`UnknownPolicy` naming the valid ones."""
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise UnknownPolicy(f"unknown placement policy {name!r}; choose one of {', '.join(POLICIES)}") from None
+    return cls(**options)

@@ -1,0 +1,113 @@
+"""The GPU products gpupool knows, and turning any spelling of a product name into one of them.
+
+NVML, GPU Feature Discovery and people each spell a product differently (``NVIDIA H100 80GB HBM3``,
+``NVIDIA-H100-80GB-HBM3``, ``H100-80GB``). Everything else in the pool speaks the canonical short name.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Product:
+    """A GPU product: its canonical name, memory and whether (and how) it splits into MIG instances."""
+
+    name: str
+    memory_gb: int
+    mig_family: str | None = None  # key into the MIG geometry table; None when MIG is not supported
+
+    @property
+    def memory_mib(self) -> int:
+        return self.memory_gb * 1024
+
+
+PRODUCTS: dict[str, Product] = {
+    p.name: p
+    for p in (
+        Product("A100-40GB", 40, "A100-40GB"),
+        Product("A100-80GB", 80, "A100-80GB"),
+        Product("H100-80GB", 80, "H100-80GB"),
+        Product("H100-NVL-94GB", 94, "H100-NVL-94GB"),
+        Product("GH200-96GB", 96, "GH200-96GB"),
+        Product("H200-141GB", 141, "H200-141GB"),
+        Product("B200-180GB", 180, "B200-180GB"),
+        Product("A30-24GB", 24, "A30-24GB"),
+        Product("L4-24GB", 24),
+        Product("L40S-48GB", 48),
+        Product("A10-24GB", 24),
+        Product("T4-16GB", 16),
+        Product("V100-16GB", 16),
+        Product("V100-32GB", 32),
+    )
+}
+
+# Family -> (memory sizes it ships in, default size). The first matching family wins, so longer names first.
+_FAMILIES: tuple[tuple[str, tuple[int, ...], int], ...] = (
+    ("GH200", (96,), 96),
+    ("H200", (141,), 141),
+    ("H100", (80, 94), 80),
+    ("B200", (180,), 180),
+    ("A100", (40, 80), 40),
+    ("A30", (24,), 24),
+    ("L40S", (48,), 48),
+    ("L4", (24,), 24),
+    ("A10", (24,), 24),
+    ("T4", (16,), 16),
+    ("V100", (16, 32), 16),
+)
+
+
+class UnknownProduct(ValueError):
+    """A product name that matches no GPU gpupool knows."""
+
+
+def normalize_product(raw: str, memory_mib: int | None = None) -> str:
+    """Return the canonical product name for any NVML, GPU Feature Discovery or short spelling.
+
+    ``memory_mib`` (as NVML reports it) settles the memory size when the name leaves it out,
+    as ``NVIDIA H100 PCIe`` or ``NVIDIA H200`` do.
+
+    >>> normalize_product("NVIDIA A100-SXM4-40GB")
+    'A100-40GB'
+    >>> normalize_product("NVIDIA-H100-80GB-HBM3-MIG-1g.10gb")
+    'H100-80GB'
+    """
+    if raw in PRODUCTS:
+        return raw
+    text = raw.upper().replace("_", "-").replace(" ", "-")
+    text = re.sub(r"-MIG-.*$", "", text)  # GFD single strategy appends the slice profile
+    text = re.sub(r"^(NVIDIA-|TESLA-)+", "", text)
+    tokens = [t for t in text.split("-") if t]
+    for family, sizes, default in _FAMILIES:
+        if family not in tokens and not (tokens and tokens[0] == family):
+            continue
+        if family == "H100" and "NVL" in tokens:
+            return "H100-NVL-94GB"
+        size = _memory_from_tokens(tokens, sizes)
+        if size is None and memory_mib:
+            size = _closest(memory_mib / 1024, sizes)
+        if family == "H100" and size == 94:
+            return "H100-NVL-94GB"
+        return f"{family}-{size or default}GB"
+    raise UnknownProduct(
+        f"unknown GPU product {raw!r}; known products are {', '.join(sorted(PRODUCTS))}"
+    )
+
+
+def _memory_from_tokens(tokens: list[str], sizes: tuple[int, ...]) -> int | None:
+    for token in tokens:
+        match = re.fullmatch(r"(\d+)GB", token)
+        if match and int(match.group(1)) in sizes:
+            return int(match.group(1))
+    return None
+
+
+def _closest(gb: float, sizes: tuple[int, ...]) -> int:
+    return min(sizes, key=lambda size: abs(size - gb))
+
+
+def product(raw: str, memory_mib: int | None = None) -> Product:
+    """The :class:`Product` for any spelling of its name."""
+    return PRODUCTS[normalize_product(raw, memory_mib)]

@@ -1,0 +1,97 @@
+"""What a user asks the pool for: CPU and memory, plus whole GPUs, a MIG slice, a share of a GPU, or no GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .devices import FULL_MILLI
+
+
+class InvalidRequest(ValueError):
+    """A request that can never be valid, whatever the pool holds; the message names the field."""
+
+
+@dataclass(frozen=True)
+class WholeGpus:
+    """``count`` whole GPUs on one node, preferably NVLinked together."""
+
+    count: int
+    products: frozenset[str] = frozenset()  # allowed products; empty allows any
+    min_memory_mib: int = 0
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise InvalidRequest(f"gpus.count must be at least 1, got {self.count}")
+
+    def describe(self) -> str:
+        what = " or ".join(sorted(self.products)) if self.products else "GPU"
+        return f"{self.count} × {what}" if self.count > 1 else f"a whole {what}"
+
+
+@dataclass(frozen=True)
+class MigSlice:
+    """One MIG instance: a named profile (``3g.40gb``) or any profile with at least ``min_memory_gb``."""
+
+    profile: str | None = None
+    min_memory_gb: int | None = None
+    products: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if (self.profile is None) == (self.min_memory_gb is None):
+            raise InvalidRequest("mig needs exactly one of mig.profile or mig.min_memory_gb")
+        if self.min_memory_gb is not None and self.min_memory_gb < 1:
+            raise InvalidRequest(f"mig.min_memory_gb must be at least 1, got {self.min_memory_gb}")
+
+    def describe(self) -> str:
+        return self.profile or f"a MIG slice of at least {self.min_memory_gb} GB"
+
+
+@dataclass(frozen=True)
+class GpuShare:
+    """A fraction of one time-shared GPU, in thousandths (``milli``), with an optional memory cap."""
+
+    milli: int
+    memory_mib: int = 0
+    products: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not 0 < self.milli < FULL_MILLI:
+            raise InvalidRequest(
+                f"share.milli must be between 1 and {FULL_MILLI - 1} (a whole GPU is gpus.count), "
+                f"got {self.milli}"
+            )
+        if self.memory_mib < 0:
+            raise InvalidRequest(f"share.memory_mib must not be negative, got {self.memory_mib}")
+
+    def describe(self) -> str:
+        return f"{self.milli / FULL_MILLI:.0%} of a shared GPU"
+
+
+GpuNeed = WholeGpus | MigSlice | GpuShare
+
+
+@dataclass(frozen=True)
+class Request:
+    """Everything one server or job needs from a single node."""
+
+    cpu_milli: int
+    memory_mib: int
+    gpu: GpuNeed | None = None
+
+    def __post_init__(self) -> None:
+        if self.cpu_milli < 0:
+            raise InvalidRequest(f"cpu_milli must not be negative, got {self.cpu_milli}")
+        if self.memory_mib < 0:
+            raise InvalidRequest(f"memory_mib must not be negative, got {self.memory_mib}")
+
+    @property
+    def gpu_milli(self) -> int:
+        """GPU capacity asked for, in thousandths of a GPU (a MIG slice counts by its memory slices)."""
+        if isinstance(self.gpu, WholeGpus):
+            return self.gpu.count * FULL_MILLI
+        if isinstance(self.gpu, GpuShare):
+            return self.gpu.milli
+        return 0
+
+    def describe(self) -> str:
+        return self.gpu.describe() if self.gpu else "CPU only"

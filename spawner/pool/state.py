@@ -1,0 +1,276 @@
+"""The pool's allocations: who holds which devices, and the one place that places and releases them.
+
+``PoolState.place`` asks the policy to choose among the nodes that could serve a request and records the
+choice; ``release`` gives everything back. ``check_invariants`` recomputes every count from the
+allocations and says what is wrong, so tests can call it after any sequence of operations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .devices import FULL_MILLI, GpuMode, Health, Node
+from .explain import explain_refusal
+from .mig import GEOMETRIES, Placement, layout_problem
+from .node_state import NodeState, Option
+from .policies import PlacementPolicy, policy_by_name
+from .requests import GpuShare, MigSlice, Request, WholeGpus
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One device handed to an owner: a whole GPU, a MIG instance, or a share of a GPU."""
+
+    kind: str  # "gpu" | "mig" | "share"
+    uuid: str  # what CUDA_VISIBLE_DEVICES takes: GPU-… or MIG-…
+    gpu_uuid: str
+    label: str
+    milli: int
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Everything one owner holds on one node."""
+
+    owner: str
+    node: str
+    request: Request
+    grants: tuple[Grant, ...]
+
+    @property
+    def visible_devices(self) -> str:
+        """The value for ``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES``."""
+        return ",".join(g.uuid for g in self.grants)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request could not be placed now, in words a user reads."""
+
+    request: Request
+    reason: str
+    never_fits: bool = False  # True when even an empty, healthy pool could not serve it
+
+
+class AlreadyHolding(ValueError):
+    """An owner asked for devices while it still holds some; an owner holds one allocation at a time."""
+
+
+class PoolState:
+    """Nodes, what is free on them, and the allocations; the only code that changes who holds what."""
+
+    def __init__(
+        self,
+        nodes: Iterable[Node],
+        policy: str | PlacementPolicy = "gpupool",
+        *,
+        ranks: Sequence[int] | None = None,
+        explain_refusals: bool = True,
+    ) -> None:
+        node_list = list(nodes)
+        names = [n.name for n in node_list]
+        if len(set(names)) != len(names):
+            duplicate = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"node {duplicate!r} appears more than once in the pool")
+        ranks = list(ranks) if ranks is not None else list(range(len(node_list)))
+        self.nodes = tuple(NodeState(node, rank) for node, rank in zip(node_list, ranks, strict=True))
+        self._by_name = {ns.node.name: ns for ns in self.nodes}
+        self._allocations: dict[str, Allocation] = {}
+        self.explain_refusals = explain_refusals
+        self.policy = policy_by_name(policy) if isinstance(policy, str) else policy
+        self._state_ids: dict[tuple[object, ...], int] = {}
+        self._options: dict[Request, dict[int, list[Option]]] = {}
+        self._product_masks: dict[frozenset[str], np.ndarray] = {}
+        self._cpu_free = np.array([ns.cpu_free for ns in self.nodes], dtype=np.int64)
+        self._mem_free = np.array([ns.mem_free for ns in self.nodes], dtype=np.int64)
+        self._share_free = np.zeros(len(self.nodes), dtype=np.int64)
+        self._whole_free = np.zeros(len(self.nodes), dtype=np.int64)
+        self._healthy = np.zeros(len(self.nodes), dtype=bool)
+        self._index = {ns.node.name: i for i, ns in enumerate(self.nodes)}
+        for i in range(len(self.nodes)):
+            self._refresh(i)
+        self.policy.prepare(self)
+
+    # ---- reading --------------------------------------------------------------------------------------
+
+    @property
+    def allocations(self) -> dict[str, Allocation]:
+        return dict(self._allocations)
+
+    def allocation(self, owner: str) -> Allocation | None:
+        return self._allocations.get(owner)
+
+    def node(self, name: str) -> NodeState:
+        return self._by_name[name]
+
+    # ---- placing and releasing ------------------------------------------------------------------------
+
+    def candidates(self, request: Request) -> list[tuple[NodeState, list[Option]]]:
+        """Every node that could serve ``request`` now, with the ways it could."""
+        cache = self._options.setdefault(request, {})  # options depend only on the node's state_id
+        found = []
+        for i in np.flatnonzero(self._prefilter(request)).tolist():
+            node_state = self.nodes[i]
+            options = cache.get(node_state.state_id)
+            if options is None:
+                options = cache[node_state.state_id] = node_state.options(request)
+            if options:
+                found.append((node_state, options))
+        return found
+
+    def _prefilter(self, request: Request) -> np.ndarray:
+        # Cheap vector tests that rule out most nodes before any per-node Python runs.
+        mask = self._healthy & (self._cpu_free >= request.cpu_milli) & (self._mem_free >= request.memory_mib)
+        need = request.gpu
+        if isinstance(need, GpuShare):
+            mask &= self._share_free >= need.milli
+        elif isinstance(need, WholeGpus):
+            mask &= self._whole_free >= need.count
+        if need is not None and need.products:
+            mask &= self._product_mask(need.products)
+        return mask
+
+    def _product_mask(self, products: frozenset[str]) -> np.ndarray:
+        mask = self._product_masks.get(products)
+        if mask is None:
+            mask = np.array([bool(ns.node.products & products) for ns in self.nodes], dtype=bool)
+            self._product_masks[products] = mask
+        return mask
+
+    def place(self, request: Request, owner: str) -> Allocation | Refusal:
+        """Give ``owner`` devices for ``request``, or say why none can be given now."""
+        if owner in self._allocations:
+            raise AlreadyHolding(f"{owner} already holds devices on {self._allocations[owner].node}")
+        candidates = self.candidates(request)
+        if not candidates:
+            if not self.explain_refusals:
+                return Refusal(request, "no node can serve this request now")
+            reason, never = explain_refusal(self.nodes, request)
+            return Refusal(request, reason, never)
+        node_state, option = self.policy.select(request, candidates)
+        node_state.take(owner, request, option)
+        self._changed(node_state)
+        allocation = Allocation(owner, node_state.node.name, request, _grants(node_state, request, option))
+        self._allocations[owner] = allocation
+        return allocation
+
+    def release(self, owner: str) -> Allocation | None:
+        """Return everything ``owner`` holds to the pool; None when it held nothing."""
+        allocation = self._allocations.pop(owner, None)
+        if allocation is not None:
+            node_state = self._by_name[allocation.node]
+            node_state.give_back(owner)
+            self._changed(node_state)
+        return allocation
+
+    def set_health(self, node: str, health: Health, gpu_index: int | None = None) -> None:
+        """Mark a node, or one GPU on it, healthy, unhealthy or drained. Held devices stay held."""
+        node_state = self._by_name[node]
+        if gpu_index is None:
+            node_state.set_health(node_health=health)
+        else:
+            positions = [p for p, g in enumerate(node_state.gpus) if g.index == gpu_index]
+            if not positions:
+                raise KeyError(f"node {node} has no GPU {gpu_index}")
+            node_state.set_health(gpu_health={positions[0]: health})
+        self._changed(node_state)
+
+    def _changed(self, node_state: NodeState) -> None:
+        self._refresh(self._index[node_state.node.name])
+
+    def _refresh(self, i: int) -> None:
+        ns = self.nodes[i]
+        if len(self._state_ids) > 1_000_000:  # a long-lived pool: start the caches afresh
+            self._state_ids.clear()
+            self._options.clear()
+            for other in self.nodes:
+                other.state_id = self._state_ids.setdefault(other.state_key(), len(self._state_ids))
+        ns.state_id = self._state_ids.setdefault(ns.state_key(), len(self._state_ids))
+        self._cpu_free[i] = ns.cpu_free
+        self._mem_free[i] = ns.mem_free
+        self._healthy[i] = ns.healthy
+        shared = [ns.free[p] for p, g in enumerate(ns.gpus) if g.mode is GpuMode.SHARED and ns.gpu_ok[p]]
+        self._share_free[i] = max(shared, default=0)
+        self._whole_free[i] = sum(
+            1 for p, g in enumerate(ns.gpus)
+            if g.mode is not GpuMode.MIG and ns.gpu_ok[p] and ns.free[p] == FULL_MILLI and ns.share_count[p] == 0
+        )
+
+    # ---- invariants -----------------------------------------------------------------------------------
+
+    def check_invariants(self) -> list[str]:
+        """Every broken invariant, recomputed from the allocations alone; empty when all hold."""
+        problems: list[str] = []
+        for ns in self.nodes:
+            problems += _node_problems(ns, [a for a in self._allocations.values() if a.node == ns.node.name])
+        for owner, allocation in self._allocations.items():
+            if owner not in self._by_name[allocation.node].holders:
+                problems.append(f"{owner}'s allocation on {allocation.node} is missing from the node")
+        return problems
+
+
+def _node_problems(ns: NodeState, allocations: list[Allocation]) -> list[str]:
+    node = ns.node
+    problems = []
+    cpu = sum(a.request.cpu_milli for a in allocations)
+    memory = sum(a.request.memory_mib for a in allocations)
+    if cpu > node.cpu_milli or cpu != node.cpu_milli - ns.cpu_free:
+        problems.append(f"{node.name}: {cpu} CPU milli held of {node.cpu_milli}, {ns.cpu_free} recorded free")
+    if memory > node.memory_mib or memory != node.memory_mib - ns.mem_free:
+        problems.append(f"{node.name}: {memory} MiB held of {node.memory_mib}, {ns.mem_free} recorded free")
+    whole: dict[str, str] = {}
+    share_milli: dict[str, int] = {}
+    mig_held: dict[str, list[tuple[str, Placement]]] = {}
+    for allocation in allocations:
+        for grant in allocation.grants:
+            if grant.kind == "gpu":
+                if grant.gpu_uuid in whole:
+                    problems.append(f"{grant.label} is held by both {whole[grant.gpu_uuid]} and {allocation.owner}")
+                whole[grant.gpu_uuid] = allocation.owner
+            elif grant.kind == "share":
+                share_milli[grant.gpu_uuid] = share_milli.get(grant.gpu_uuid, 0) + grant.milli
+            else:
+                gpu = next(g for g in node.gpus if g.uuid == grant.gpu_uuid)
+                instance = next(m for m in gpu.mig_instances if m.uuid == grant.uuid)
+                mig_held.setdefault(gpu.uuid, []).append((allocation.owner, Placement(instance.start, instance.profile)))
+    for gpu_uuid, milli in share_milli.items():
+        if milli > FULL_MILLI:
+            problems.append(f"{node.name}: GPU {gpu_uuid} is shared {milli}/1000 milli")
+        if gpu_uuid in whole:
+            problems.append(f"{node.name}: GPU {gpu_uuid} is held whole by {whole[gpu_uuid]} and also shared")
+    for gpu in node.gpus:
+        if gpu.mode is GpuMode.MIG:
+            held = mig_held.get(gpu.uuid, [])
+            owners = [o for o, _ in held]
+            placements = [p for _, p in held]
+            if len(set(placements)) != len(placements):
+                problems.append(f"{gpu.label} on {node.name}: a MIG instance is held twice ({owners})")
+            geo = GEOMETRIES.get(gpu.product)
+            layout = [Placement(m.start, m.profile) for m in gpu.mig_instances]
+            problem = layout_problem(geo, layout) if geo else None
+            if problem:
+                problems.append(f"{gpu.label} on {node.name}: {problem}")
+    return problems
+
+
+def _grants(ns: NodeState, request: Request, option: Option) -> tuple[Grant, ...]:
+    need = request.gpu
+    gpus = ns.gpus
+    if isinstance(need, WholeGpus):
+        return tuple(
+            Grant("gpu", gpus[p].uuid, gpus[p].uuid, gpus[p].label, FULL_MILLI, gpus[p].memory_mib) for p in option
+        )
+    if isinstance(need, GpuShare):
+        gpu = gpus[option[0]]
+        memory = need.memory_mib or gpu.memory_mib
+        return (Grant("share", gpu.uuid, gpu.uuid, f"{need.milli / 10:g}% of {gpu.label}", need.milli, memory),)
+    if isinstance(need, MigSlice):
+        gpu = gpus[option[0]]
+        instance = gpu.mig_instances[option[1]]
+        label = f"{instance.profile} on {gpu.label}"
+        return (Grant("mig", instance.uuid, gpu.uuid, label, 0, instance.memory_mib),)
+    return ()
