@@ -38,13 +38,21 @@ class PlacementRun:
 
     def as_dict(self) -> dict[str, object]:
         return {
-            "policy": self.policy, "seed": self.seed, "pods": self.pods, "placed": self.placed,
-            "failed": self.failed, "alloc_pct": self.alloc_pct, "frag_pct_130": self.frag_pct_130,
-            "p50_us": self.p50_us, "p99_us": self.p99_us,
+            "policy": self.policy,
+            "seed": self.seed,
+            "pods": self.pods,
+            "placed": self.placed,
+            "failed": self.failed,
+            "alloc_pct": self.alloc_pct,
+            "frag_pct_130": self.frag_pct_130,
+            "p50_us": self.p50_us,
+            "p99_us": self.p99_us,
         }
 
 
-def inflate_workload(pods: list[TracePod], capacity_milli: int, inflate: float, rng: random.Random) -> list[TracePod]:
+def inflate_workload(
+    pods: list[TracePod], capacity_milli: int, inflate: float, rng: random.Random
+) -> list[TracePod]:
     """The trace shuffled, then extra tasks resampled from it until demand would pass ``inflate`` × capacity.
 
     Like the paper's simulator, the stop test adds one GPU's share of the next draw rather than its total,
@@ -111,7 +119,11 @@ def run_placement(
     frag = _bucket(samples, round(inflate * 100), 1)
     latencies.sort()
     return PlacementRun(
-        policy=policy, seed=seed, pods=len(arrival), placed=len(arrival) - failed, failed=failed,
+        policy=policy,
+        seed=seed,
+        pods=len(arrival),
+        placed=len(arrival) - failed,
+        failed=failed,
         alloc_pct={str(x): curve.get(x) for x in CHECKPOINTS},
         frag_pct_130=None if frag is None else round(frag, 2),
         p50_us=round(latencies[len(latencies) // 2] / 1000, 1),

@@ -42,7 +42,9 @@ def _rows(path: Path, required: tuple[str, ...]) -> list[dict[str, str]]:
             reader = csv.DictReader(handle)
             missing = [c for c in required if c not in (reader.fieldnames or [])]
             if missing:
-                raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(required)}")
+                raise TraceError(
+                    f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(required)}"
+                )
             return list(reader)
     except OSError as error:
         raise TraceError(f"{path}: cannot read ({error.strerror})") from None
@@ -66,7 +68,9 @@ def load_nodes(path: str | Path) -> list[Node]:
             Gpu(uuid=f"GPU-{row['sn']}-{i}", index=i, product=model, memory_mib=0, mode=GpuMode.SHARED)
             for i in range(count)
         )
-        nodes.append(Node(row["sn"], _int(path, line, row, "cpu_milli"), _int(path, line, row, "memory_mib"), gpus))
+        nodes.append(
+            Node(row["sn"], _int(path, line, row, "cpu_milli"), _int(path, line, row, "memory_mib"), gpus)
+        )
     return nodes
 
 
@@ -74,7 +78,9 @@ def load_pods(path: str | Path) -> list[TracePod]:
     """Every row of a pod file as a request: whole GPUs, a share of one GPU, or CPU only."""
     path = Path(path)
     pods = []
-    for line, row in enumerate(_rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")), start=2):
+    for line, row in enumerate(
+        _rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")), start=2
+    ):
         count = _int(path, line, row, "num_gpu")
         milli = min(_int(path, line, row, "gpu_milli"), FULL_MILLI)
         products = frozenset(p for p in (row.get("gpu_spec") or "").split("|") if p)
@@ -87,6 +93,8 @@ def load_pods(path: str | Path) -> list[TracePod]:
         elif count == 1:
             request = Request(cpu, memory, GpuShare(milli, 0, products))
         else:
-            raise TraceError(f"{path}, line {line}: a share of several GPUs ({count} × {milli}) is not supported")
+            raise TraceError(
+                f"{path}, line {line}: a share of several GPUs ({count} × {milli}) is not supported"
+            )
         pods.append(TracePod(row["name"], request))
     return pods

@@ -6,16 +6,16 @@ These describe hardware and how the admin laid it out. Who holds what lives in :
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class Health(str, Enum):
+class Health(StrEnum):
     HEALTHY = "healthy"
     UNHEALTHY = "unhealthy"  # failed: lost GPU, critical XID, node NotReady
     DRAINED = "drained"  # taken out by an admin: running work stays, nothing new is placed
 
 
-class GpuMode(str, Enum):
+class GpuMode(StrEnum):
     """How a GPU is handed out."""
 
     WHOLE = "whole"  # leased only as a whole device

@@ -31,7 +31,10 @@ def explain_refusal(nodes: Sequence[NodeState], request: Request) -> tuple[str, 
                 for index, instance in enumerate(gpu.mig_instances):
                     if need.profile is not None and instance.profile != need.profile:
                         continue
-                    if need.min_memory_gb is not None and profile_memory_gb(instance.profile) < need.min_memory_gb:
+                    if (
+                        need.min_memory_gb is not None
+                        and profile_memory_gb(instance.profile) < need.min_memory_gb
+                    ):
                         continue
                     matching += 1
                     if bad:
@@ -83,7 +86,9 @@ def _never_fits(nodes: Sequence[NodeState], request: Request) -> str:
     need = request.gpu
     if isinstance(need, WholeGpus):
         most = max((len(_empty_and_healthy(ns.node).whole_gpu_candidates(need)) for ns in nodes), default=0)
-        return f"this pool has at most {most} {_device_noun(request)} on one node; {need.count} were asked for"
+        return (
+            f"this pool has at most {most} {_device_noun(request)} on one node; {need.count} were asked for"
+        )
     return f"this pool has no {_device_noun(request)} on a node with {_cpu_memory(request)}"
 
 

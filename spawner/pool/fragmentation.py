@@ -44,8 +44,9 @@ def typical_shapes(requests: Iterable[Request], coverage: float = 0.95) -> tuple
     running count reaches ``coverage``; the shape that crosses the line is kept, as the paper's simulator does.
     """
     counts = Counter(shape_of(r) for r in requests)
-    ordered = sorted(counts.items(), key=lambda item: (item[1], *item[0][:3], ",".join(sorted(item[0][3]))),
-                     reverse=True)
+    ordered = sorted(
+        counts.items(), key=lambda item: (item[1], *item[0][:3], ",".join(sorted(item[0][3]))), reverse=True
+    )
     total = sum(counts.values())
     kept: list[tuple[tuple[int, int, int, frozenset[str]], int]] = []
     running = 0

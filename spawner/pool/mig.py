@@ -140,9 +140,7 @@ def geometry(product: str) -> Geometry:
     except UnknownProduct as error:
         raise NotMigCapable(str(error)) from None
     if name not in GEOMETRIES:
-        raise NotMigCapable(
-            f"{name} does not support MIG; MIG-capable products are {', '.join(GEOMETRIES)}"
-        )
+        raise NotMigCapable(f"{name} does not support MIG; MIG-capable products are {', '.join(GEOMETRIES)}")
     return GEOMETRIES[name]
 
 
@@ -166,8 +164,10 @@ def layout_problem(geo: Geometry, layout: Iterable[Placement]) -> str | None:
         profile = geo.profile(placement.profile)
         shape = profile.shape
         if placement.start not in shape.starts:
-            legal = " and ".join(str(s) for s in shape.starts) if len(shape.starts) <= 2 else (
-                ", ".join(str(s) for s in shape.starts)
+            legal = (
+                " and ".join(str(s) for s in shape.starts)
+                if len(shape.starts) <= 2
+                else (", ".join(str(s) for s in shape.starts))
             )
             return (
                 f"{profile.name} cannot start at slot {placement.start} on {geo.product}; "
@@ -182,7 +182,9 @@ def layout_problem(geo: Geometry, layout: Iterable[Placement]) -> str | None:
             return f"at most {shape.max_count} instance(s) of {profile.name} fit one {geo.product}"
         compute += shape.compute_slices
         if compute > geo.compute_slices:
-            return f"the instances need more than the {geo.compute_slices} compute slices of one {geo.product}"
+            return (
+                f"the instances need more than the {geo.compute_slices} compute slices of one {geo.product}"
+            )
     return None
 
 
@@ -195,7 +197,9 @@ def _extensions(geo: Geometry, layout: tuple[Placement, ...]) -> Iterator[Placem
                 yield candidate
 
 
-def fit(geo: Geometry, profiles: Sequence[str], existing: Iterable[Placement] = ()) -> tuple[Placement, ...] | None:
+def fit(
+    geo: Geometry, profiles: Sequence[str], existing: Iterable[Placement] = ()
+) -> tuple[Placement, ...] | None:
     """A legal placement of ``profiles`` next to ``existing`` instances, or None when they cannot fit.
 
     Larger instances are placed first, which keeps the search small; the search is exhaustive.
@@ -218,7 +222,7 @@ def fit(geo: Geometry, profiles: Sequence[str], existing: Iterable[Placement] = 
         return None
 
     found = search(base, order)
-    return None if found is None else tuple(sorted(found[len(base):]))
+    return None if found is None else tuple(sorted(found[len(base) :]))
 
 
 def why_not_fit(geo: Geometry, profiles: Sequence[str]) -> str:
@@ -226,9 +230,9 @@ def why_not_fit(geo: Geometry, profiles: Sequence[str]) -> str:
     memory = sum(geo.profile(n).memory_slices for n in profiles)
     compute = sum(geo.profile(n).shape.compute_slices for n in profiles)
     if memory > geo.memory_slices:
-        return f"they need {memory} memory slices and a {geo.product} has {geo.memory_slices}"
+        return f"they need {memory} memory slices and one {geo.product} has {geo.memory_slices}"
     if compute > geo.compute_slices:
-        return f"they need {compute} compute slices and a {geo.product} has {geo.compute_slices}"
+        return f"they need {compute} compute slices and one {geo.product} has {geo.compute_slices}"
     for name in set(profiles):
         shape = geo.profiles[name].shape
         if profiles.count(name) > shape.max_count:
@@ -276,11 +280,11 @@ __all__ = [
     "NotMigCapable",
     "Placement",
     "UnknownMigProfile",
-    "profile_memory_gb",
     "fit",
     "geometry",
     "layout_problem",
     "maximal_layouts",
     "profile_combinations",
+    "profile_memory_gb",
     "why_not_fit",
 ]

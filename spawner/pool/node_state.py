@@ -19,8 +19,19 @@ class NodeState:
     """Free CPU, memory and devices of one node; changed only through :meth:`take` and :meth:`give_back`."""
 
     __slots__ = (
-        "cpu_free", "free", "gpu_ok", "healthy", "holders", "mem_free", "mig_free", "node", "rank",
-        "share_count", "share_mem_free", "state_id", "type_key",
+        "cpu_free",
+        "free",
+        "gpu_ok",
+        "healthy",
+        "holders",
+        "mem_free",
+        "mig_free",
+        "node",
+        "rank",
+        "share_count",
+        "share_mem_free",
+        "state_id",
+        "type_key",
     )
 
     def __init__(self, node: Node, rank: int) -> None:
@@ -36,11 +47,21 @@ class NodeState:
         self.gpu_ok = [g.health is Health.HEALTHY for g in node.gpus]
         self.holders: dict[str, tuple[Request, Option]] = {}
         # Everything about the node except its name and device identities: equal nodes share cached work.
-        self.type_key = (node.cpu_milli, node.memory_mib, tuple(
-            (g.product, g.memory_mib, g.mode, g.nvlink_group, g.max_shares,
-             tuple((m.profile, m.start, m.memory_mib) for m in g.mig_instances))
-            for g in node.gpus
-        ))
+        self.type_key = (
+            node.cpu_milli,
+            node.memory_mib,
+            tuple(
+                (
+                    g.product,
+                    g.memory_mib,
+                    g.mode,
+                    g.nvlink_group,
+                    g.max_shares,
+                    tuple((m.profile, m.start, m.memory_mib) for m in g.mig_instances),
+                )
+                for g in node.gpus
+            ),
+        )
         self.state_id = -1  # set by the pool: equal ids mean equal type and equal free resources
 
     @property
@@ -50,8 +71,14 @@ class NodeState:
     def state_key(self) -> tuple[object, ...]:
         """The node's type and everything free on it: nodes with equal keys serve requests identically."""
         return (
-            self.type_key, self.healthy, self.cpu_free, self.mem_free, tuple(self.free),
-            tuple(self.share_mem_free), tuple(self.share_count), tuple(self.gpu_ok),
+            self.type_key,
+            self.healthy,
+            self.cpu_free,
+            self.mem_free,
+            tuple(self.free),
+            tuple(self.share_mem_free),
+            tuple(self.share_count),
+            tuple(self.gpu_ok),
             tuple(frozenset(free) for free in self.mig_free),
         )
 
@@ -125,7 +152,10 @@ class NodeState:
                 if need.profile is not None:
                     if instance.profile == need.profile:
                         found.append((position, index))
-                elif need.min_memory_gb is not None and profile_memory_gb(instance.profile) >= need.min_memory_gb:
+                elif (
+                    need.min_memory_gb is not None
+                    and profile_memory_gb(instance.profile) >= need.min_memory_gb
+                ):
                     found.append((position, index))
         return found
 
@@ -167,7 +197,9 @@ class NodeState:
             )
             self.free[position] = FULL_MILLI - FULL_MILLI * held_slices // _total_slices(gpu)
 
-    def set_health(self, node_health: Health | None = None, gpu_health: dict[int, Health] | None = None) -> None:
+    def set_health(
+        self, node_health: Health | None = None, gpu_health: dict[int, Health] | None = None
+    ) -> None:
         if node_health is not None:
             self.healthy = node_health is Health.HEALTHY
         for position, health in (gpu_health or {}).items():

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from .state import PoolState
 
 Candidates = Sequence[tuple[NodeState, list[Option]]]
+Score = tuple[float, ...]
+"""Higher is better, compared element by element: later elements break ties of earlier ones."""
 
 
 class UnknownPolicy(ValueError):
@@ -55,7 +57,7 @@ class ScoringPolicy(PlacementPolicy):
 
     def __init__(self) -> None:
         # request -> node state_id -> (score, option): a score depends only on the request and the node's state
-        self._memo: dict[Request, dict[int, tuple[object, Option]]] = {}
+        self._memo: dict[Request, dict[int, tuple[Score, Option]]] = {}
         self._memo_size = 0
 
     def forget_scores(self) -> None:
@@ -63,7 +65,7 @@ class ScoringPolicy(PlacementPolicy):
         self._memo_size = 0
 
     def select(self, request: Request, candidates: Candidates) -> tuple[NodeState, Option]:
-        best: tuple[object, int, NodeState, Option] | None = None
+        best: tuple[Score, int, NodeState, Option] | None = None
         memo = self._memo.get(request)
         if memo is None or self._memo_size > 1_000_000:
             if memo is not None:
@@ -75,21 +77,27 @@ class ScoringPolicy(PlacementPolicy):
                 scored = memo[node_state.state_id] = self.score(node_state, request, options)
                 self._memo_size += 1
             score, option = scored
-            if best is None or score > best[0] or (score == best[0] and node_state.rank < best[1]):  # type: ignore[operator]
+            if best is None or score > best[0] or (score == best[0] and node_state.rank < best[1]):
                 best = (score, node_state.rank, node_state, option)
         assert best is not None
         return best[2], best[3]
 
     @abstractmethod
-    def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[object, Option]:
+    def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[Score, Option]:
         """How good ``node`` is for ``request`` (comparable across nodes) and which option to use there."""
 
 
 def tightest_option(node: NodeState, request: Request, options: list[Option]) -> Option:
     """The option that leaves the least stranded: the fullest shared GPU, the smallest fitting MIG slice."""
     if isinstance(request.gpu, MigSlice):
-        return min(options, key=lambda o: (
-            profile_memory_gb(node.gpus[o[0]].mig_instances[o[1]].profile), node.free[o[0]], o))
+        return min(
+            options,
+            key=lambda o: (
+                profile_memory_gb(node.gpus[o[0]].mig_instances[o[1]].profile),
+                node.free[o[0]],
+                o,
+            ),
+        )
     if isinstance(request.gpu, GpuShare):
         return min(options, key=lambda o: (node.free[o[0]], o))
     return options[0]
@@ -98,8 +106,8 @@ def tightest_option(node: NodeState, request: Request, options: list[Option]) ->
 class FirstFit(ScoringPolicy):
     name = "first-fit"
 
-    def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[object, Option]:
-        return 0, options[0]
+    def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[Score, Option]:
+        return (0,), options[0]
 
 
 class Spread(ScoringPolicy):
@@ -107,11 +115,11 @@ class Spread(ScoringPolicy):
 
     name = "spread"
 
-    def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[object, Option]:
+    def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[Score, Option]:
         cpu = (node.cpu_free - request.cpu_milli) * 100 // max(node.node.cpu_milli, 1)
         memory = (node.mem_free - request.memory_mib) * 100 // max(node.node.memory_mib, 1)
         option = max(options, key=lambda o: (node.free[o[0]] if o else 0, [-p for p in o]))
-        return (cpu + memory) // 2, option
+        return ((cpu + memory) // 2,), option
 
 
 class BestFit(ScoringPolicy):
@@ -124,11 +132,11 @@ class BestFit(ScoringPolicy):
         self._cpu_scale = max((ns.node.cpu_milli for ns in state.nodes), default=1) or 1
         self._gpu_scale = max((len(ns.gpus) for ns in state.nodes), default=1) * FULL_MILLI or FULL_MILLI
 
-    def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[object, Option]:
+    def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[Score, Option]:
         cpu_left = node.cpu_free - request.cpu_milli
         gpu_left = sum(node.free) - request.gpu_milli
         raw = 100 * (1 - 0.5 * cpu_left / self._cpu_scale - 0.5 * gpu_left / self._gpu_scale)
-        return math.floor(raw), tightest_option(node, request, options)
+        return (math.floor(raw),), tightest_option(node, request, options)
 
 
 class RandomFit(PlacementPolicy):
@@ -140,7 +148,9 @@ class RandomFit(PlacementPolicy):
         self._random = random.Random(seed)
 
     def select(self, request: Request, candidates: Candidates) -> tuple[NodeState, Option]:
-        node, options = candidates[self._random.randrange(len(candidates))] if len(candidates) > 1 else candidates[0]
+        node, options = (
+            candidates[self._random.randrange(len(candidates))] if len(candidates) > 1 else candidates[0]
+        )
         return node, options[self._random.randrange(len(options))]
 
 
@@ -190,10 +200,12 @@ class FragmentAware(ScoringPolicy):
         elif need is not None and not isinstance(need, MigSlice):
             for position in option:
                 after_free[position] -= FULL_MILLI
-        after = self.meter.fragment(node.cpu_free - request.cpu_milli, list(zip(products, after_free, strict=True)))
+        after = self.meter.fragment(
+            node.cpu_free - request.cpu_milli, list(zip(products, after_free, strict=True))
+        )
         return before - after
 
-    def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[object, Option]:
+    def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[Score, Option]:
         if isinstance(request.gpu, MigSlice):
             option = tightest_option(node, request, options)
             return self.rate(node, request, option, self.fragment_change(node, request, option)), option
@@ -203,7 +215,7 @@ class FragmentAware(ScoringPolicy):
         )
 
     @abstractmethod
-    def rate(self, node: NodeState, request: Request, option: Option, change: float) -> object:
+    def rate(self, node: NodeState, request: Request, option: Option, change: float) -> Score:
         """Turn the fragment change of one option into a comparable score."""
 
 
@@ -212,8 +224,8 @@ class Fgd(FragmentAware):
 
     name = "fgd"
 
-    def rate(self, node: NodeState, request: Request, option: Option, change: float) -> object:
-        return math.floor(100 / (1 + math.exp(-change / FULL_MILLI)))
+    def rate(self, node: NodeState, request: Request, option: Option, change: float) -> Score:
+        return (math.floor(100 / (1 + math.exp(-change / FULL_MILLI))),)
 
 
 class GpuPool(FragmentAware):
@@ -221,7 +233,7 @@ class GpuPool(FragmentAware):
 
     name = "gpupool"
 
-    def rate(self, node: NodeState, request: Request, option: Option, change: float) -> object:
+    def rate(self, node: NodeState, request: Request, option: Option, change: float) -> Score:
         gpu_left = sum(node.free) - request.gpu_milli
         return (round(change, 6), -gpu_left, -(node.cpu_free - request.cpu_milli))
 
@@ -237,5 +249,7 @@ def policy_by_name(name: str, **options: object) -> PlacementPolicy:
     try:
         cls = POLICIES[name]
     except KeyError:
-        raise UnknownPolicy(f"unknown placement policy {name!r}; choose one of {', '.join(POLICIES)}") from None
+        raise UnknownPolicy(
+            f"unknown placement policy {name!r}; choose one of {', '.join(POLICIES)}"
+        ) from None
     return cls(**options)

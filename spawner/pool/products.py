@@ -91,9 +91,7 @@ def normalize_product(raw: str, memory_mib: int | None = None) -> str:
         if family == "H100" and size == 94:
             return "H100-NVL-94GB"
         return f"{family}-{size or default}GB"
-    raise UnknownProduct(
-        f"unknown GPU product {raw!r}; known products are {', '.join(sorted(PRODUCTS))}"
-    )
+    raise UnknownProduct(f"unknown GPU product {raw!r}; known products are {', '.join(sorted(PRODUCTS))}")
 
 
 def _memory_from_tokens(tokens: list[str], sizes: tuple[int, ...]) -> int | None:

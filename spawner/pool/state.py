@@ -196,8 +196,12 @@ class PoolState:
         shared = [ns.free[p] for p, g in enumerate(ns.gpus) if g.mode is GpuMode.SHARED and ns.gpu_ok[p]]
         self._share_free[i] = max(shared, default=0)
         self._whole_free[i] = sum(
-            1 for p, g in enumerate(ns.gpus)
-            if g.mode is not GpuMode.MIG and ns.gpu_ok[p] and ns.free[p] == FULL_MILLI and ns.share_count[p] == 0
+            1
+            for p, g in enumerate(ns.gpus)
+            if g.mode is not GpuMode.MIG
+            and ns.gpu_ok[p]
+            and ns.free[p] == FULL_MILLI
+            and ns.share_count[p] == 0
         )
 
     # ---- invariants -----------------------------------------------------------------------------------
@@ -229,14 +233,18 @@ def _node_problems(ns: NodeState, allocations: list[Allocation]) -> list[str]:
         for grant in allocation.grants:
             if grant.kind == "gpu":
                 if grant.gpu_uuid in whole:
-                    problems.append(f"{grant.label} is held by both {whole[grant.gpu_uuid]} and {allocation.owner}")
+                    problems.append(
+                        f"{grant.label} is held by both {whole[grant.gpu_uuid]} and {allocation.owner}"
+                    )
                 whole[grant.gpu_uuid] = allocation.owner
             elif grant.kind == "share":
                 share_milli[grant.gpu_uuid] = share_milli.get(grant.gpu_uuid, 0) + grant.milli
             else:
                 gpu = next(g for g in node.gpus if g.uuid == grant.gpu_uuid)
                 instance = next(m for m in gpu.mig_instances if m.uuid == grant.uuid)
-                mig_held.setdefault(gpu.uuid, []).append((allocation.owner, Placement(instance.start, instance.profile)))
+                mig_held.setdefault(gpu.uuid, []).append(
+                    (allocation.owner, Placement(instance.start, instance.profile))
+                )
     for gpu_uuid, milli in share_milli.items():
         if milli > FULL_MILLI:
             problems.append(f"{node.name}: GPU {gpu_uuid} is shared {milli}/1000 milli")
@@ -262,12 +270,15 @@ def _grants(ns: NodeState, request: Request, option: Option) -> tuple[Grant, ...
     gpus = ns.gpus
     if isinstance(need, WholeGpus):
         return tuple(
-            Grant("gpu", gpus[p].uuid, gpus[p].uuid, gpus[p].label, FULL_MILLI, gpus[p].memory_mib) for p in option
+            Grant("gpu", gpus[p].uuid, gpus[p].uuid, gpus[p].label, FULL_MILLI, gpus[p].memory_mib)
+            for p in option
         )
     if isinstance(need, GpuShare):
         gpu = gpus[option[0]]
         memory = need.memory_mib or gpu.memory_mib
-        return (Grant("share", gpu.uuid, gpu.uuid, f"{need.milli / 10:g}% of {gpu.label}", need.milli, memory),)
+        return (
+            Grant("share", gpu.uuid, gpu.uuid, f"{need.milli / 10:g}% of {gpu.label}", need.milli, memory),
+        )
     if isinstance(need, MigSlice):
         gpu = gpus[option[0]]
         instance = gpu.mig_instances[option[1]]

@@ -1,0 +1,1 @@
+"""Ready configurations shipped with gpupool: pools, profiles and hub settings."""

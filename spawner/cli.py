@@ -1,0 +1,131 @@
+"""The ``gpupool`` command: read a pool, check MIG layouts, and benchmark placement policies."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from .backends.discovery import discover_pool
+from .backends.simulated import PoolFileError
+from .bench.placement import run_placement
+from .bench.trace import TraceError, load_nodes, load_pods
+from .inventory import describe_pool, render_pool
+from .pool import mig
+from .pool.policies import POLICIES
+from .pool.state import PoolState
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        result: int = args.handler(args)
+        return result
+    except (PoolFileError, TraceError, mig.NotMigCapable, mig.UnknownMigProfile) as error:
+        print(f"gpupool: {error}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpupool", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    pool = commands.add_parser("pool", help="show the inventory and what is free")
+    pool.add_argument(
+        "--pool", metavar="FILE", help="a pool file (simulated backend); default: this host's GPUs"
+    )
+    pool.add_argument("--json", action="store_true", help="print JSON instead of text")
+    pool.set_defaults(handler=_pool)
+
+    mig_parser = commands.add_parser("mig", help="MIG geometry of a GPU product")
+    mig_commands = mig_parser.add_subparsers(dest="mig_command", required=True)
+    check = mig_commands.add_parser("check", help="exit 0 when these MIG instances fit one GPU together")
+    check.add_argument("product", help="e.g. H100-80GB, 'NVIDIA A100-SXM4-40GB', NVIDIA-H200")
+    check.add_argument("profiles", nargs="+", metavar="PROFILE", help="e.g. 3g.40gb 2g.20gb 1g.10gb")
+    check.set_defaults(handler=_mig_check)
+    layouts = mig_commands.add_parser("layouts", help="every maximal MIG layout of a product")
+    layouts.add_argument("product")
+    layouts.add_argument("--json", action="store_true", help="print every layout with its placements as JSON")
+    layouts.set_defaults(handler=_mig_layouts)
+
+    bench = commands.add_parser("bench", help="benchmarks")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True)
+    placement = bench_commands.add_parser(
+        "placement", help="the FGD paper's placement protocol on a cluster trace (Alibaba GPU trace v2023)"
+    )
+    placement.add_argument("--nodes", required=True, metavar="CSV", help="e.g. openb_node_list_gpu_node.csv")
+    placement.add_argument("--pods", required=True, metavar="CSV", help="e.g. openb_pod_list_default.csv")
+    placement.add_argument("--policy", default="gpupool", choices=sorted(POLICIES))
+    placement.add_argument("--seed", type=int, default=42)
+    placement.add_argument("--inflate", type=float, default=1.3, help="demand as a multiple of GPU capacity")
+    placement.add_argument("--json", action="store_true")
+    placement.set_defaults(handler=_bench_placement)
+    return parser
+
+
+def _pool(args: argparse.Namespace) -> int:
+    found = discover_pool(args.pool)
+    if found.note:
+        print(f"gpupool: {found.note}", file=sys.stderr)
+    description = describe_pool(PoolState(found.nodes), found.backend, found.source)
+    print(json.dumps(description, indent=2) if args.json else render_pool(description))
+    return 0
+
+
+def _mig_check(args: argparse.Namespace) -> int:
+    geo = mig.geometry(args.product)
+    placed = mig.fit(geo, args.profiles)
+    if placed is None:
+        print(
+            f"no: {' + '.join(args.profiles)} do not fit one {geo.product}: {mig.why_not_fit(geo, args.profiles)}"
+        )
+        return 1
+    print(f"yes: on one {geo.product} as {', '.join(str(p) for p in placed)} (profile@memory-slice)")
+    return 0
+
+
+def _mig_layouts(args: argparse.Namespace) -> int:
+    geo = mig.geometry(args.product)
+    layouts = mig.maximal_layouts(geo)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "product": geo.product,
+                    "memory_slices": geo.memory_slices,
+                    "compute_slices": geo.compute_slices,
+                    "layouts": [
+                        [{"profile": p.profile, "start": p.start} for p in layout] for layout in layouts
+                    ],
+                },
+                indent=2,
+            )
+        )
+        return 0
+    combos = mig.profile_combinations(layouts)
+    print(
+        f"{geo.product}: {len(combos)} maximal combinations of profiles ({len(layouts)} distinct placements)"
+    )
+    for combo in combos:
+        print("  " + " + ".join(combo))
+    return 0
+
+
+def _bench_placement(args: argparse.Namespace) -> int:
+    run = run_placement(load_nodes(args.nodes), load_pods(args.pods), args.policy, args.seed, args.inflate)
+    if args.json:
+        print(json.dumps(run.as_dict()))
+        return 0
+    print(f"policy {run.policy}, seed {run.seed}: {run.pods} tasks, {run.placed} placed, {run.failed} failed")
+    for arrived, allocated in run.alloc_pct.items():
+        print(f"  {arrived}% of GPU capacity arrived: {allocated}% allocated")
+    print(
+        f"  fragmented at 130%: {run.frag_pct_130}% of GPUs; decision p50 {run.p50_us} µs, p99 {run.p99_us} µs"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

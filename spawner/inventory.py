@@ -1,0 +1,129 @@
+"""The pool as an admin reads it: per node, GPU, MIG slice and share, what exists and what is free."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from .pool.devices import FULL_MILLI, GpuMode
+from .pool.state import PoolState
+
+
+def describe_pool(state: PoolState, backend: str, source: str) -> dict[str, Any]:
+    """A JSON-ready inventory of ``state``; ``backend`` is "simulated" or "nvml" and always shown."""
+    nodes = []
+    holders_by_device: dict[str, list[str]] = {}
+    for allocation in state.allocations.values():
+        for grant in allocation.grants:
+            holders_by_device.setdefault(grant.uuid, []).append(allocation.owner)
+    for ns in state.nodes:
+        gpus = []
+        for position, gpu in enumerate(ns.gpus):
+            gpus.append(
+                {
+                    "index": gpu.index,
+                    "uuid": gpu.uuid,
+                    "product": gpu.product,
+                    "memory_mib": gpu.memory_mib,
+                    "compute_capability": gpu.compute_capability,
+                    "driver_version": gpu.driver_version,
+                    "nvlink_group": gpu.nvlink_group,
+                    "mode": gpu.mode.value,
+                    "max_shares": gpu.max_shares,
+                    "health": "healthy" if ns.gpu_ok[position] else gpu.health.value,
+                    "free_milli": ns.free[position] if gpu.mode is not GpuMode.MIG else None,
+                    "holders": holders_by_device.get(gpu.uuid, []),
+                    "mig": [
+                        {
+                            "uuid": instance.uuid,
+                            "profile": instance.profile,
+                            "start": instance.start,
+                            "memory_mib": instance.memory_mib,
+                            "free": index in ns.mig_free[position],
+                            "holders": holders_by_device.get(instance.uuid, []),
+                        }
+                        for index, instance in enumerate(gpu.mig_instances)
+                    ],
+                }
+            )
+        nodes.append(
+            {
+                "name": ns.node.name,
+                "health": "healthy" if ns.healthy else ns.node.health.value,
+                "labels": dict(ns.node.labels),
+                "cpu_milli": ns.node.cpu_milli,
+                "cpu_free_milli": ns.cpu_free,
+                "memory_mib": ns.node.memory_mib,
+                "memory_free_mib": ns.mem_free,
+                "gpus": gpus,
+            }
+        )
+    return {"backend": backend, "source": source, "summary": _summary(nodes), "nodes": nodes}
+
+
+def _summary(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    gpus = [g for n in nodes for g in n["gpus"]]
+    healthy = {n["name"] for n in nodes if n["health"] == "healthy"}
+    usable = [g for n in nodes if n["name"] in healthy for g in n["gpus"] if g["health"] == "healthy"]
+    mig_free: Counter[str] = Counter(m["profile"] for g in usable for m in g["mig"] if m["free"])
+    return {
+        "nodes": len(nodes),
+        "gpus": len(gpus),
+        "whole_gpus_free": sum(
+            1 for g in usable if g["mode"] != "mig" and g["free_milli"] == FULL_MILLI and not g["holders"]
+        ),
+        "mig_slices": sum(len(g["mig"]) for g in gpus),
+        "mig_slices_free": dict(sorted(mig_free.items())),
+        "shared_gpus": sum(1 for g in gpus if g["mode"] == "shared"),
+        "shared_milli_free": sum(g["free_milli"] for g in usable if g["mode"] == "shared"),
+        "unhealthy": sorted(
+            [n["name"] for n in nodes if n["name"] not in healthy]
+            + [f"{n['name']}/gpu{g['index']}" for n in nodes for g in n["gpus"] if g["health"] != "healthy"]
+        ),
+    }
+
+
+def render_pool(description: dict[str, Any]) -> str:
+    """The inventory as text for a terminal."""
+    summary = description["summary"]
+    lines = [f"Pool from {description['source']} ({description['backend']})"]
+    mig = ", ".join(f"{p} ×{n}" for p, n in summary["mig_slices_free"].items()) or "none"
+    lines.append(
+        f"{summary['nodes']} nodes, {summary['gpus']} GPUs: {summary['whole_gpus_free']} whole GPUs free; "
+        f"MIG slices free: {mig}; shared GPUs: {summary['shared_gpus']} "
+        f"({summary['shared_milli_free'] / FULL_MILLI:g} GPUs of share free)"
+    )
+    if summary["unhealthy"]:
+        lines.append(f"Out of the pool (unhealthy or drained): {', '.join(summary['unhealthy'])}")
+    for node in description["nodes"]:
+        lines.append("")
+        lines.append(
+            f"{node['name']}  [{node['health']}]  CPU {node['cpu_free_milli'] / 1000:g}/{node['cpu_milli'] / 1000:g} "
+            f"free  memory {node['memory_free_mib'] / 1024:g}/{node['memory_mib'] / 1024:g} GiB free"
+        )
+        for gpu in node["gpus"]:
+            lines.append("  " + _gpu_line(gpu))
+            for instance in gpu["mig"]:
+                state = "free" if instance["free"] else "held by " + ", ".join(instance["holders"])
+                lines.append(
+                    f"      {instance['profile']:<12} @{instance['start']}  {state}  {instance['uuid']}"
+                )
+        if not node["gpus"]:
+            lines.append("  (no GPUs)")
+    return "\n".join(lines)
+
+
+def _gpu_line(gpu: dict[str, Any]) -> str:
+    link = f"  NVLink {gpu['nvlink_group']}" if gpu["nvlink_group"] is not None else ""
+    head = f"GPU {gpu['index']}  {gpu['product']:<14} {gpu['memory_mib'] / 1024:>5.0f} GiB  {gpu['mode']:<6}"
+    if gpu["health"] != "healthy":
+        state = gpu["health"]
+    elif gpu["mode"] == "mig":
+        free = sum(1 for m in gpu["mig"] if m["free"])
+        state = f"{free}/{len(gpu['mig'])} MIG slices free"
+    elif gpu["mode"] == "shared":
+        limit = f", up to {gpu['max_shares']} holders" if gpu["max_shares"] else ""
+        state = f"{gpu['free_milli'] / 10:g}% free{limit}"
+    else:
+        state = "free" if gpu["free_milli"] == FULL_MILLI else "held by " + ", ".join(gpu["holders"])
+    return f"{head}  {state}{link}  {gpu['uuid']}"

@@ -1,0 +1,6 @@
+"""Test helpers live beside the tests (``builders``); make them importable."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
