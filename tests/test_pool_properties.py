@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from builders import gpu, node
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from builders import gpu, node
 from gpupool.spawner.pool import mig
 from gpupool.spawner.pool.devices import GpuMode, Health, Node
 from gpupool.spawner.pool.policies import POLICIES, policy_by_name

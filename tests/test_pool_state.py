@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-
 from builders import gpu, node
+
 from gpupool.spawner.pool.devices import GpuMode, Health
 from gpupool.spawner.pool.policies import POLICIES, UnknownPolicy, policy_by_name
 from gpupool.spawner.pool.requests import GpuShare, InvalidRequest, MigSlice, Request, WholeGpus
-from gpupool.spawner.pool.state import AlreadyHolding, Allocation, PoolState, Refusal
+from gpupool.spawner.pool.state import Allocation, AlreadyHolding, PoolState, Refusal
 
 CPU_MEM = {"cpu_milli": 4000, "memory_mib": 16384}
 

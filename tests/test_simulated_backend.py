@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from gpupool.spawner.backends.simulated import (
     BACKEND_LABEL,
     DEMO_POOL,

@@ -87,11 +87,12 @@ _EIGHT_SLICE_SHAPES = (
     Shape("4g", 4, 4, (0,), 1, 5),
     Shape("7g", 7, 8, (0,), 1, 0),
 )
+# A30 profile ids follow the share of the GPU, as `nvidia-smi mig -lgip` lists them (not yet seen on hardware).
 _A30_SHAPES = (
-    Shape("1g", 1, 1, (0, 1, 2, 3), 4, 19),
-    Shape("1g+me", 1, 1, (0, 1, 2, 3), 1, 20),
-    Shape("2g", 2, 2, (0, 2), 2, 14),
-    Shape("4g", 4, 4, (0,), 1, 5),
+    Shape("1g", 1, 1, (0, 1, 2, 3), 4, 14),
+    Shape("1g+me", 1, 1, (0, 1, 2, 3), 1, 21),
+    Shape("2g", 2, 2, (0, 2), 2, 5),
+    Shape("4g", 4, 4, (0,), 1, 0),
 )
 
 # Memory (GB) in each profile name, per product, in the order 1g, 1g double, 2g, 3g, 4g, 7g.
