@@ -71,6 +71,13 @@ class FragmentMeter:
             for s in self.shapes
         ]
         self._memo: dict[tuple[int, tuple[tuple[str, int], ...]], float] = {}
+        self._unfillable = _unfillable_table(
+            sorted({s.gpu_milli for s in self.shapes if 0 < s.gpu_milli < FULL_MILLI})
+        )
+
+    def unfillable(self, free_milli: int) -> int:
+        """Milli of a GPU with ``free_milli`` free that no combination of typical shares can fill."""
+        return self._unfillable[max(0, min(free_milli, FULL_MILLI))]
 
     def fragment(self, cpu_free: int, gpus: Sequence[tuple[str, int]]) -> float:
         """Expected fragment of a node with ``cpu_free`` CPU milli and ``(product, free milli)`` per GPU."""
@@ -102,3 +109,13 @@ class FragmentMeter:
     def total(self, states: Iterable[tuple[int, Sequence[tuple[str, int]]]]) -> float:
         """Sum of :meth:`fragment` over many nodes."""
         return sum(self.fragment(cpu, gpus) for cpu, gpus in states)
+
+
+def _unfillable_table(share_sizes: list[int]) -> list[int]:
+    # Unbounded knapsack over the typical share sizes: best[f] is the most of f that shares can fill.
+    best = [0] * (FULL_MILLI + 1)
+    for free in range(1, FULL_MILLI + 1):
+        best[free] = max((size + best[free - size] for size in share_sizes if size <= free), default=0)
+    table = [free - best[free] for free in range(FULL_MILLI + 1)]
+    table[FULL_MILLI] = 0  # an untouched GPU also serves whole-GPU tasks
+    return table
