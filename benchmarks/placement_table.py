@@ -22,6 +22,8 @@ from gpupool.spawner.bench.placement import run_placement
 from gpupool.spawner.bench.trace import load_nodes, load_pods
 
 POLICIES = ("random", "first-fit", "spread", "best-fit", "fgd", "gpupool")
+README_START = "<!-- placement-table: written by benchmarks/placement_table.py -->"
+README_END = "<!-- /placement-table -->"
 PAPER_NAMES = {"random": "01-Random", "best-fit": "05-BestFit", "fgd": "06-FGD"}
 
 
@@ -77,8 +79,15 @@ def main() -> None:
                 f"{result['alloc_pct']['130']}% at 130%",
                 flush=True,
             )
-    (out / "placement.md").write_text(summarise(_read_runs(runs_file), _reference(args.reference)))
+    table = summarise(_read_runs(runs_file), _reference(args.reference))
+    (out / "placement.md").write_text(table)
     print(f"wrote {out / 'placement.md'}")
+    if args.readme:
+        readme = Path(args.readme)
+        before, rest = readme.read_text().split(README_START, 1)
+        after = rest.split(README_END, 1)[1]
+        readme.write_text(f"{before}{README_START}\n{table}{README_END}{after}")
+        print(f"updated {readme}")
 
 
 def _seeds(text: str) -> list[int]:

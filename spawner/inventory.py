@@ -30,7 +30,7 @@ def describe_pool(state: PoolState, backend: str, source: str) -> dict[str, Any]
                     "nvlink_group": gpu.nvlink_group,
                     "mode": gpu.mode.value,
                     "max_shares": gpu.max_shares,
-                    "health": "healthy" if ns.gpu_ok[position] else gpu.health.value,
+                    "health": ns.gpu_health[position].value,
                     "free_milli": ns.free[position] if gpu.mode is not GpuMode.MIG else None,
                     "holders": holders_by_device.get(gpu.uuid, []),
                     "mig": [
@@ -49,7 +49,7 @@ def describe_pool(state: PoolState, backend: str, source: str) -> dict[str, Any]
         nodes.append(
             {
                 "name": ns.node.name,
-                "health": "healthy" if ns.healthy else ns.node.health.value,
+                "health": ns.health.value,
                 "labels": dict(ns.node.labels),
                 "cpu_milli": ns.node.cpu_milli,
                 "cpu_free_milli": ns.cpu_free,

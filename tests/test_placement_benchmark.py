@@ -113,3 +113,18 @@ def test_a_broken_trace_file_names_file_line_and_column(tmp_path: Path) -> None:
     missing.write_text("sn,cpu_milli\n")
     with pytest.raises(TraceError, match="missing column"):
         load_nodes(missing)
+
+
+def test_empty_or_gpu_less_trace_files_are_refused(tmp_path: Path) -> None:
+    no_pods = tmp_path / "pods.csv"
+    no_pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n")
+    with pytest.raises(TraceError, match="no tasks in the file"):
+        load_pods(no_pods)
+    cpu_only = tmp_path / "nodes.csv"
+    cpu_only.write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,64000,262144,0,\n")
+    with pytest.raises(TraceError, match="no node has a GPU"):
+        load_nodes(cpu_only)
+    negative = tmp_path / "negative.csv"
+    negative.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,4000,1024,-1,1000\n")
+    with pytest.raises(TraceError, match=r"line 2: gpus.count must be at least 1, got -1"):
+        load_pods(negative)

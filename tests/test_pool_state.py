@@ -116,7 +116,7 @@ def test_unhealthy_gpu_and_drained_node_are_never_chosen() -> None:
     assert "GPU-b-0" not in chosen
     refusal = state.place(Request(gpu=WholeGpus(1), **CPU_MEM), "late")
     assert isinstance(refusal, Refusal)
-    assert "on unhealthy or drained devices" in refusal.reason
+    assert refusal.reason == "no GPU is free now (5 of 12 in use, 6 on drained nodes, 1 unhealthy)"
 
 
 def test_a_failed_node_keeps_its_holders_until_they_are_released() -> None:
@@ -217,3 +217,48 @@ def test_spread_puts_work_on_the_least_loaded_node() -> None:
     first = place(state, Request(gpu=WholeGpus(1), **CPU_MEM), "x")
     second = place(state, Request(gpu=WholeGpus(1), **CPU_MEM), "y")
     assert first.node != second.node
+
+
+def test_requests_match_products_however_they_are_spelled() -> None:
+    state = PoolState([h100_node()])
+    for i, spelling in enumerate(["NVIDIA H100 80GB HBM3", "NVIDIA-H100-80GB-HBM3", "h100-80gb"]):
+        allocation = place(state, Request(gpu=WholeGpus(1, frozenset({spelling})), **CPU_MEM), f"u{i}")
+        assert allocation.grants[0].label.startswith("H100-80GB")
+    slice_ = place(state, Request(gpu=MigSlice("3g.40GB"), **CPU_MEM), "mig-user")
+    assert slice_.grants[0].label == "3g.40gb on H100-80GB #6"
+
+
+def test_a_reused_policy_never_remembers_another_pools_devices() -> None:
+    policy = policy_by_name("first-fit")
+    first = PoolState([h100_node()], policy)
+    place(first, Request(gpu=WholeGpus(1), **CPU_MEM), "alice")
+    second = PoolState([h100_node()], policy)
+    second.set_health("dgx", Health.UNHEALTHY, gpu_index=0)
+    allocation = place(second, Request(gpu=WholeGpus(1), **CPU_MEM), "bob")
+    assert allocation.grants[0].uuid != "GPU-dgx-0"
+
+
+def test_refusals_say_which_limit_a_shared_gpu_hit() -> None:
+    state = PoolState([node("l4", [gpu("l4", 0, "L4-24GB", mode=GpuMode.SHARED, max_shares=2)])])
+    place(state, Request(gpu=GpuShare(100), **CPU_MEM), "a")
+    place(state, Request(gpu=GpuShare(100), **CPU_MEM), "b")
+    refusal = state.place(Request(gpu=GpuShare(100), **CPU_MEM), "c")
+    assert isinstance(refusal, Refusal)
+    assert (
+        refusal.reason
+        == "no shared GPU with 10% left is free now (0 of 1 in use, 1 at its limit of 2 holders)"
+    )
+    too_much_memory = state.place(Request(gpu=GpuShare(100, 64 * 1024), **CPU_MEM), "d")
+    assert isinstance(too_much_memory, Refusal) and too_much_memory.never_fits
+
+
+def test_inventory_shows_drained_nodes_and_failed_gpus() -> None:
+    from gpupool.spawner.inventory import describe_pool
+
+    state = PoolState([h100_node("a"), h100_node("b")])
+    state.set_health("a", Health.DRAINED)
+    state.set_health("b", Health.UNHEALTHY, gpu_index=3)
+    description = describe_pool(state, "simulated", "test")
+    assert description["nodes"][0]["health"] == "drained"
+    assert description["nodes"][1]["gpus"][3]["health"] == "unhealthy"
+    assert description["summary"]["unhealthy"] == ["a", "b/gpu3"]

@@ -290,7 +290,7 @@ def test_a_missing_file_is_a_pool_file_error(tmp_path: Path) -> None:
         ),
         ("    mig: {2: [3g.40gb@left]}\n", "gpu 2: MIG instances are written 'profile@start'"),
         ("    mig: {2: []}\n", "gpu 2: mig needs a non-empty list of instances"),
-        ("    shared: {all: 2}\n    mig: {1: [7g.80gb]}\n", "gpu 1: a GPU cannot be both MIG and shared"),
+        ("    shared: {1: 2}\n    mig: {1: [7g.80gb]}\n", "gpu 1: a GPU cannot be both MIG and shared"),
         (
             "    shared: {all: 1}\n",
             "node gpu-a: shared must be a whole number of holders of at least 2, got 1",
@@ -340,8 +340,31 @@ def test_other_field_mistakes_are_named(text: str, expected: str) -> None:
     assert message.startswith("pool.yaml: ") and expected in message
 
 
-def test_a_bad_node_anywhere_means_no_nodes_at_all() -> None:
-    result: tuple[Node, ...] | None = None
+def test_a_bad_last_node_is_reported_though_the_first_ones_are_fine() -> None:
+    # Whole-or-nothing loading over many random files is in test_pool_file_properties.py.
     with pytest.raises(PoolFileError, match=r"node gpu-c, gpu 2: 4g.40gb cannot start at slot 4"):
-        result = load_pool_file(POOLS / "bad-last-node.yaml")
-    assert result is None
+        load_pool_file(POOLS / "bad-last-node.yaml")
+
+
+def test_shared_all_leaves_mig_gpus_alone() -> None:
+    nodes = parse_pool(
+        {
+            "nodes": [
+                {
+                    "name": "mixed",
+                    "cpu": 32,
+                    "memory": "256GiB",
+                    "gpus": {"product": "H100-80GB", "count": 2},
+                    "mig": {1: ["7g.80gb@0"]},
+                    "shared": {"all": 4},
+                }
+            ]
+        },
+        "pool.yaml",
+    )
+    assert [g.mode for g in nodes[0].gpus] == [GpuMode.SHARED, GpuMode.MIG]
+
+
+def test_infinite_cpu_is_a_pool_file_error() -> None:
+    with pytest.raises(PoolFileError, match="node a: cpu must be a positive number of cores"):
+        parse_pool({"nodes": [{"name": "a", "cpu": float("inf"), "memory": "1GiB"}]}, "pool.yaml")

@@ -83,10 +83,13 @@ def read_utilization(nvml: ModuleType | None = None) -> dict[str, int | None]:
         for index in range(_count(module)):
             try:
                 parent = module.nvmlDeviceGetHandleByIndex(index)
-                mig_on = int(module.nvmlDeviceGetMigMode(parent)[0]) == module.NVML_DEVICE_MIG_ENABLE
             except module.NVMLError as error:
                 log.debug("GPU %d: %s", index, error)
                 continue
+            try:
+                mig_on = int(module.nvmlDeviceGetMigMode(parent)[0]) == module.NVML_DEVICE_MIG_ENABLE
+            except module.NVMLError:  # NotSupported on GPUs without MIG (L4, T4, V100): MIG is simply off
+                mig_on = False
             for handle in (parent, *(_mig_handles(module, parent, []) if mig_on else ())):
                 try:
                     uuid = _text(module.nvmlDeviceGetUUID(handle))

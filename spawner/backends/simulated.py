@@ -32,6 +32,7 @@ and the loader returns every node or none.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import uuid
 from importlib.resources import files
@@ -146,7 +147,12 @@ def _node(source: str, position: int, raw: object) -> Node:
 
 
 def _cpu_milli(where: _Where, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         where.fail(f"cpu must be a positive number of cores such as 32 or 0.5, got {value!r}")
     milli = round(value * 1000)
     if milli < 1:
@@ -214,7 +220,7 @@ def _gpus(where: _Where, raw: dict[Any, Any]) -> tuple[Gpu, ...]:
     capability = _version(where, spec.get("compute_capability"), "compute_capability", r"\d+\.\d+", "9.0")
     driver = _version(where, spec.get("driver_version"), "driver_version", r"\d+(\.\d+)*", "550.54.15")
     mig = _mig(where, raw.get("mig"), product, count)
-    shared = _shared(where, raw.get("shared"), count)
+    shared = _shared(where, raw.get("shared"), count, set(mig))
     unhealthy = set(_indices(where, raw.get("unhealthy"), count, "unhealthy"))
     for index in sorted(set(mig) & set(shared)):
         where.at_gpu(index).fail("a GPU cannot be both MIG and shared; drop it from mig or from shared")
@@ -323,8 +329,8 @@ def _mig(where: _Where, value: object, product: str, count: int) -> dict[int, tu
     return layouts
 
 
-def _shared(where: _Where, value: object, count: int) -> dict[int, int]:
-    """GPU index -> most holders at once."""
+def _shared(where: _Where, value: object, count: int, mig: set[int]) -> dict[int, int]:
+    """GPU index -> most holders at once; ``all`` means every GPU outside a MIG layout."""
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -335,8 +341,8 @@ def _shared(where: _Where, value: object, count: int) -> dict[int, int]:
         if isinstance(holders, bool) or not isinstance(holders, int) or holders < 2:
             gpu = "" if key == "all" else f" for gpu {key}"
             where.fail(f"shared{gpu} must be a whole number of holders of at least 2, got {holders!r}")
-        if key == "all":
-            shares.update(dict.fromkeys(range(count), holders))
+        if key == "all":  # every GPU not in a MIG layout
+            shares.update(dict.fromkeys((i for i in range(count) if i not in mig), holders))
         else:
             explicit[_index(where, key, count, "shared")] = holders
     return shares | explicit

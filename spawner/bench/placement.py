@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..pool.devices import FULL_MILLI, Node
-from ..pool.fragmentation import FragmentMeter, typical_shapes
+from ..pool.fragmentation import FragmentMeter, gpu_views, typical_shapes
+from ..pool.node_state import NodeState
 from ..pool.policies import FragmentAware, RandomFit, policy_by_name
 from ..pool.state import Allocation, PoolState
 from .trace import TracePod
@@ -132,11 +133,8 @@ def run_placement(
     )
 
 
-def _fragment(meter: FragmentMeter, ns: object) -> float:
-    from ..pool.node_state import NodeState
-
-    assert isinstance(ns, NodeState)
-    return meter.fragment(ns.cpu_free, [(g.product, f) for g, f in zip(ns.gpus, ns.free, strict=True)])
+def _fragment(meter: FragmentMeter, ns: NodeState) -> float:
+    return meter.fragment(ns.cpu_free, gpu_views(ns))
 
 
 def _bucket(samples: dict[int, list[tuple[float, float]]], x: int, column: int) -> float | None:

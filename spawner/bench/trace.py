@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..pool.devices import FULL_MILLI, Gpu, GpuMode, Node
-from ..pool.requests import GpuShare, Request, WholeGpus
+from ..pool.products import canonical_product
+from ..pool.requests import GpuShare, InvalidRequest, Request, WholeGpus
 
 
 class TraceError(ValueError):
@@ -63,7 +64,7 @@ def load_nodes(path: str | Path) -> list[Node]:
     nodes = []
     for line, row in enumerate(_rows(path, ("sn", "cpu_milli", "memory_mib", "gpu", "model")), start=2):
         count = _int(path, line, row, "gpu")
-        model = row["model"].strip()
+        model = canonical_product(row["model"].strip())
         gpus = tuple(
             Gpu(uuid=f"GPU-{row['sn']}-{i}", index=i, product=model, memory_mib=0, mode=GpuMode.SHARED)
             for i in range(count)
@@ -71,6 +72,8 @@ def load_nodes(path: str | Path) -> list[Node]:
         nodes.append(
             Node(row["sn"], _int(path, line, row, "cpu_milli"), _int(path, line, row, "memory_mib"), gpus)
         )
+    if not any(node.gpus for node in nodes):
+        raise TraceError(f"{path}: no node has a GPU; the placement protocol measures GPU allocation")
     return nodes
 
 
@@ -86,15 +89,20 @@ def load_pods(path: str | Path) -> list[TracePod]:
         products = frozenset(p for p in (row.get("gpu_spec") or "").split("|") if p)
         cpu = _int(path, line, row, "cpu_milli")
         memory = _int(path, line, row, "memory_mib")
-        if count == 0 or milli == 0:
-            request = Request(cpu, memory)
-        elif milli == FULL_MILLI:
-            request = Request(cpu, memory, WholeGpus(count, products))
-        elif count == 1:
-            request = Request(cpu, memory, GpuShare(milli, 0, products))
-        else:
+        if count > 1 and 0 < milli < FULL_MILLI:
             raise TraceError(
                 f"{path}, line {line}: a share of several GPUs ({count} × {milli}) is not supported"
             )
+        try:
+            if count == 0 or milli == 0:
+                request = Request(cpu, memory)
+            elif milli == FULL_MILLI:
+                request = Request(cpu, memory, WholeGpus(count, products))
+            else:
+                request = Request(cpu, memory, GpuShare(milli, 0, products))
+        except InvalidRequest as error:
+            raise TraceError(f"{path}, line {line}: {error}") from None
         pods.append(TracePod(row["name"], request))
+    if not pods:
+        raise TraceError(f"{path}: no tasks in the file")
     return pods

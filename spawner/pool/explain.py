@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
-from .devices import FULL_MILLI, GpuMode, Health, Node
-from .mig import profile_memory_gb
-from .node_state import NodeState
+from .devices import Health, Node
+from .node_state import NodeState, gpu_kind_matches, instance_matches
 from .requests import GpuShare, MigSlice, Request, WholeGpus
 
 
@@ -16,79 +16,74 @@ def explain_refusal(nodes: Sequence[NodeState], request: Request) -> tuple[str, 
         return _never_fits(nodes, request), True
     need = request.gpu
     if need is None:
-        return (
-            f"no healthy node has {_cpu_memory(request)} free right now",
-            False,
-        )
-    matching = held = unhealthy = free_on_short_node = 0
+        return f"no healthy node has {_cpu_memory(request)} free right now", False
+    # Every device of the right kind, by why it cannot be used now.
+    reasons: Counter[str] = Counter()
+    short = f"free but on nodes without {_cpu_memory(request)} left"
     for ns in nodes:
-        node_short = request.cpu_milli > ns.cpu_free or request.memory_mib > ns.mem_free
+        node_short = short if request.cpu_milli > ns.cpu_free or request.memory_mib > ns.mem_free else None
         for position, gpu in enumerate(ns.gpus):
-            if need.products and gpu.product not in need.products:
+            if not gpu_kind_matches(gpu, need):
                 continue
-            bad = not ns.healthy or not ns.gpu_ok[position]
             if isinstance(need, MigSlice):
                 for index, instance in enumerate(gpu.mig_instances):
-                    if need.profile is not None and instance.profile != need.profile:
-                        continue
-                    if (
-                        need.min_memory_gb is not None
-                        and profile_memory_gb(instance.profile) < need.min_memory_gb
-                    ):
-                        continue
-                    matching += 1
-                    if bad:
-                        unhealthy += 1
-                    elif index not in ns.mig_free[position]:
-                        held += 1
-                    elif node_short:
-                        free_on_short_node += 1
-                continue
-            if gpu.mode is GpuMode.MIG or (isinstance(need, GpuShare) and gpu.mode is not GpuMode.SHARED):
-                continue
-            if isinstance(need, WholeGpus) and gpu.memory_mib < need.min_memory_mib:
-                continue
-            matching += 1
-            wanted = need.milli if isinstance(need, GpuShare) else FULL_MILLI
-            if bad:
-                unhealthy += 1
-            elif ns.free[position] < wanted or (isinstance(need, WholeGpus) and ns.share_count[position]):
-                held += 1
-            elif node_short:
-                free_on_short_node += 1
+                    if instance_matches(instance, need):
+                        busy = None if index in ns.mig_free[position] else "in use"
+                        reasons[_reason(ns, position, busy, node_short)] += 1
+            else:
+                reasons[_reason(ns, position, ns.gpu_busy_reason(position, need), node_short)] += 1
+    total = sum(reasons.values())
+    parts = [f"{reasons.pop('in use', 0)} of {total} in use"]
+    if "free" in reasons:  # free devices that only a busier node holds: not enough on one node together
+        parts.append(f"{reasons.pop('free')} free but not enough on one node")
+    parts += [f"{count} {why}" for why, count in sorted(reasons.items())]
     what = _device_noun(request)
-    parts = [f"{held} of {matching} in use"]
-    if unhealthy:
-        parts.append(f"{unhealthy} on unhealthy or drained devices")
-    if free_on_short_node:
-        parts.append(f"{free_on_short_node} free but on nodes without {_cpu_memory(request)} left")
     if isinstance(need, WholeGpus) and need.count > 1:
         return f"no node has {need.count} free {what} together now ({', '.join(parts)})", False
     return f"no {what} is free now ({', '.join(parts)})", False
+
+
+def _reason(ns: NodeState, position: int, busy: str | None, node_short: str | None) -> str:
+    if not ns.healthy:
+        return f"on {ns.health.value} nodes"
+    if not ns.gpu_ok[position]:
+        return ns.gpu_health[position].value
+    if busy is not None:
+        return busy
+    return node_short or "free"
 
 
 def _device_noun(request: Request) -> str:
     need = request.gpu
     products = " or ".join(sorted(need.products)) if need is not None and need.products else ""
     if isinstance(need, MigSlice):
-        name = need.profile or f"MIG slice of at least {need.min_memory_gb} GB"
-        return f"{name} slice on {products}" if products else f"{name} slice"
+        name = f"{need.profile} slice" if need.profile else f"MIG slice of at least {need.min_memory_gb} GB"
+        return f"{name} on {products}" if products else name
     if isinstance(need, GpuShare):
-        return f"shared {products or 'GPU'} with {need.milli / 10:g}% left"
+        memory = f" and {need.memory_mib / 1024:g} GiB" if need.memory_mib else ""
+        return f"shared {products or 'GPU'} with {need.milli / 10:g}%{memory} left"
+    if isinstance(need, WholeGpus) and need.min_memory_mib:
+        return f"{products or 'GPU'} with at least {need.min_memory_mib / 1024:g} GiB"
     return products or "GPU"
 
 
 def _never_fits(nodes: Sequence[NodeState], request: Request) -> str:
+    if not nodes:
+        return "the pool has no nodes"
     if not any(
         request.cpu_milli <= ns.node.cpu_milli and request.memory_mib <= ns.node.memory_mib for ns in nodes
     ):
         return f"no node in this pool has {_cpu_memory(request)}"
     need = request.gpu
+    offered = sorted({g.product for ns in nodes for g in ns.gpus})
     if isinstance(need, WholeGpus):
         most = max((len(_empty_and_healthy(ns.node).whole_gpu_candidates(need)) for ns in nodes), default=0)
-        return (
-            f"this pool has at most {most} {_device_noun(request)} on one node; {need.count} were asked for"
-        )
+        if most:
+            return f"this pool has at most {most} {_device_noun(request)} on one node; {need.count} were asked for"
+        return f"this pool has no {_device_noun(request)} to give whole; it has {', '.join(offered) or 'no GPUs'}"
+    if isinstance(need, MigSlice):
+        profiles = sorted({m.profile for ns in nodes for g in ns.gpus for m in g.mig_instances})
+        return f"this pool has no {_device_noun(request)}; its MIG slices are {', '.join(profiles) or 'none'}"
     return f"this pool has no {_device_noun(request)} on a node with {_cpu_memory(request)}"
 
 

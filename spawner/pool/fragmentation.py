@@ -13,8 +13,25 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .devices import FULL_MILLI
+from .devices import FULL_MILLI, GpuMode
+from .node_state import NodeState
 from .requests import GpuShare, Request, WholeGpus
+
+GpuView = tuple[str, int, bool]
+"""What fragmentation sees of a GPU: product, free milli, and whether it may be shared."""
+
+
+def gpu_views(node: NodeState, free: Sequence[int] | None = None) -> list[GpuView]:
+    """The node's GPUs as fragmentation sees them (``free`` overrides the current free milli).
+
+    MIG GPUs are left out: their instances are fixed, so no placement elsewhere changes what they can serve.
+    """
+    free = node.free if free is None else free
+    return [
+        (gpu.product, free[p], gpu.mode is GpuMode.SHARED)
+        for p, gpu in enumerate(node.gpus)
+        if gpu.mode is not GpuMode.MIG
+    ]
 
 
 @dataclass(frozen=True)
@@ -70,7 +87,7 @@ class FragmentMeter:
             (bisect_right(self._cpu_steps, s.cpu_milli), s.gpu_milli, s.gpu_count, s.products, s.weight)
             for s in self.shapes
         ]
-        self._memo: dict[tuple[int, tuple[tuple[str, int], ...]], float] = {}
+        self._memo: dict[tuple[int, tuple[GpuView, ...]], float] = {}
         self._unfillable = _unfillable_table(
             sorted({s.gpu_milli for s in self.shapes if 0 < s.gpu_milli < FULL_MILLI})
         )
@@ -79,8 +96,8 @@ class FragmentMeter:
         """Milli of a GPU with ``free_milli`` free that no combination of typical shares can fill."""
         return self._unfillable[max(0, min(free_milli, FULL_MILLI))]
 
-    def fragment(self, cpu_free: int, gpus: Sequence[tuple[str, int]]) -> float:
-        """Expected fragment of a node with ``cpu_free`` CPU milli and ``(product, free milli)`` per GPU."""
+    def fragment(self, cpu_free: int, gpus: Sequence[GpuView]) -> float:
+        """Expected fragment of a node with ``cpu_free`` CPU milli and these GPUs (see :func:`gpu_views`)."""
         key = (bisect_right(self._cpu_steps, cpu_free), tuple(sorted(gpus)))
         cached = self._memo.get(key)
         if cached is None:
@@ -89,8 +106,8 @@ class FragmentMeter:
                 self._memo.clear()
         return cached
 
-    def _compute(self, cpu_step: int, gpus: tuple[tuple[str, int], ...]) -> float:
-        total = sum(free for _, free in gpus)
+    def _compute(self, cpu_step: int, gpus: tuple[GpuView, ...]) -> float:
+        total = sum(free for _, free, _ in gpus)
         expected = 0.0
         for needed_step, gpu_milli, gpu_count, products, weight in self._table:
             if gpu_count == 0 or cpu_step < needed_step:
@@ -98,17 +115,17 @@ class FragmentMeter:
                 continue
             usable = 0
             fragment = 0
-            for product, free in gpus:
-                if (not products or product in products) and free >= gpu_milli:
+            for product, free, shareable in gpus:
+                if (
+                    (not products or product in products)
+                    and free >= gpu_milli
+                    and (shareable or gpu_milli == FULL_MILLI)
+                ):
                     usable += 1
                 else:
                     fragment += free
             expected += weight * (fragment if usable >= gpu_count else total)
         return expected
-
-    def total(self, states: Iterable[tuple[int, Sequence[tuple[str, int]]]]) -> float:
-        """Sum of :meth:`fragment` over many nodes."""
-        return sum(self.fragment(cpu, gpus) for cpu, gpus in states)
 
 
 def _unfillable_table(share_sizes: list[int]) -> list[int]:

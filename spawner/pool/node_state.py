@@ -1,27 +1,51 @@
 """What is free on one node right now, and which devices on it could serve a request.
 
 This is the hot path of every placement (a decision on a 1,213-node cluster visits every node), so it
-keeps plain lists and counters instead of re-deriving them from the allocations.
+keeps plain lists and counters instead of re-deriving them from the allocations. Whether a device could
+ever serve a need (:func:`gpu_kind_matches`) and why it cannot right now (:meth:`NodeState.gpu_busy_reason`)
+are asked in one place, so placement and the refusal messages never disagree.
 """
 
 from __future__ import annotations
 
-from .devices import FULL_MILLI, Gpu, GpuMode, Health, Node
+from .devices import FULL_MILLI, Gpu, GpuMode, Health, MigInstance, Node
 from .mig import GEOMETRIES, profile_memory_gb
-from .requests import GpuShare, MigSlice, Request, WholeGpus
+from .requests import GpuNeed, GpuShare, MigSlice, Request, WholeGpus
 
 Option = tuple[int, ...]
 """Devices on one node that would serve a request: GPU positions for whole GPUs, ``(position,)`` for a
 share, ``(position, instance)`` for a MIG slice, ``()`` for CPU only."""
 
+ANY_WHOLE_GPU = WholeGpus(1)
+
+
+def gpu_kind_matches(gpu: Gpu, need: GpuNeed) -> bool:
+    """Whether ``gpu`` is the right kind for ``need`` when empty and healthy (product, mode, memory)."""
+    if need.products and gpu.product not in need.products:
+        return False
+    if isinstance(need, MigSlice):
+        return gpu.mode is GpuMode.MIG
+    if isinstance(need, GpuShare):
+        return gpu.mode is GpuMode.SHARED and need.memory_mib <= gpu.memory_mib
+    return gpu.mode is not GpuMode.MIG and gpu.memory_mib >= need.min_memory_mib
+
+
+def instance_matches(instance: MigInstance, need: MigSlice) -> bool:
+    if need.profile is not None:
+        return instance.profile == need.profile
+    return need.min_memory_gb is not None and profile_memory_gb(instance.profile) >= need.min_memory_gb
+
 
 class NodeState:
-    """Free CPU, memory and devices of one node; changed only through :meth:`take` and :meth:`give_back`."""
+    """Free CPU, memory and devices of one node; changed only through :meth:`take`, :meth:`give_back`
+    and :meth:`set_health`."""
 
     __slots__ = (
         "cpu_free",
         "free",
+        "gpu_health",
         "gpu_ok",
+        "health",
         "healthy",
         "holders",
         "mem_free",
@@ -43,8 +67,10 @@ class NodeState:
         self.share_mem_free = [g.memory_mib for g in node.gpus]
         self.share_count = [0 for _ in node.gpus]
         self.mig_free = [set(range(len(g.mig_instances))) for g in node.gpus]
-        self.healthy = node.health is Health.HEALTHY
-        self.gpu_ok = [g.health is Health.HEALTHY for g in node.gpus]
+        self.health = node.health
+        self.gpu_health = [g.health for g in node.gpus]
+        self.healthy = self.health is Health.HEALTHY  # the booleans are what the hot path reads
+        self.gpu_ok = [h is Health.HEALTHY for h in self.gpu_health]
         self.holders: dict[str, tuple[Request, Option]] = {}
         # Everything about the node except its name and device identities: equal nodes share cached work.
         self.type_key = (
@@ -91,38 +117,41 @@ class NodeState:
         need = request.gpu
         if need is None:
             return [()]
-        if isinstance(need, GpuShare):
-            return [(p,) for p in self._share_positions(need)]
         if isinstance(need, WholeGpus):
             chosen = self._whole_gpu_choice(need)
             return [chosen] if chosen is not None else []
-        return self._mig_options(need)
+        usable = [p for p, gpu in enumerate(self.node.gpus) if gpu_kind_matches(gpu, need)]
+        if isinstance(need, GpuShare):
+            return [(p,) for p in usable if self.gpu_busy_reason(p, need) is None]
+        return [
+            (p, index)
+            for p in usable
+            if self.gpu_ok[p]
+            for index in sorted(self.mig_free[p])
+            if instance_matches(self.node.gpus[p].mig_instances[index], need)
+        ]
 
-    def _share_positions(self, need: GpuShare) -> list[int]:
-        found = []
-        for position, gpu in enumerate(self.node.gpus):
-            if (
-                gpu.mode is GpuMode.SHARED
-                and self.free[position] >= need.milli
-                and self.gpu_ok[position]
-                and self.share_mem_free[position] >= need.memory_mib
-                and (not need.products or gpu.product in need.products)
-                and (gpu.max_shares is None or self.share_count[position] < gpu.max_shares)
-            ):
-                found.append(position)
-        return found
+    def gpu_busy_reason(self, position: int, need: WholeGpus | GpuShare) -> str | None:
+        """Why a GPU of the right kind cannot take ``need`` now, or None when it can."""
+        gpu = self.node.gpus[position]
+        if not self.gpu_ok[position]:
+            return self.gpu_health[position].value
+        if isinstance(need, WholeGpus):
+            return None if self.free[position] == FULL_MILLI and self.share_count[position] == 0 else "in use"
+        if self.free[position] < need.milli:
+            return "in use"
+        if gpu.max_shares is not None and self.share_count[position] >= gpu.max_shares:
+            return f"at its limit of {gpu.max_shares} holders"
+        if self.share_mem_free[position] < need.memory_mib:
+            return "out of GPU memory for shares"
+        return None
 
     def whole_gpu_candidates(self, need: WholeGpus) -> list[int]:
         """Positions of GPUs that are entirely free and acceptable to ``need``."""
         return [
             position
             for position, gpu in enumerate(self.node.gpus)
-            if self.free[position] == FULL_MILLI
-            and gpu.mode is not GpuMode.MIG
-            and self.gpu_ok[position]
-            and self.share_count[position] == 0
-            and (not need.products or gpu.product in need.products)
-            and gpu.memory_mib >= need.min_memory_mib
+            if gpu_kind_matches(gpu, need) and self.gpu_busy_reason(position, need) is None
         ]
 
     def _whole_gpu_choice(self, need: WholeGpus) -> Option | None:
@@ -139,25 +168,6 @@ class NodeState:
         if fitting:
             return tuple(min(fitting, key=lambda members: (len(members), members[0]))[: need.count])
         return tuple(free[: need.count])
-
-    def _mig_options(self, need: MigSlice) -> list[Option]:
-        found: list[Option] = []
-        for position, gpu in enumerate(self.node.gpus):
-            if gpu.mode is not GpuMode.MIG or not self.gpu_ok[position]:
-                continue
-            if need.products and gpu.product not in need.products:
-                continue
-            for index in sorted(self.mig_free[position]):
-                instance = gpu.mig_instances[index]
-                if need.profile is not None:
-                    if instance.profile == need.profile:
-                        found.append((position, index))
-                elif (
-                    need.min_memory_gb is not None
-                    and profile_memory_gb(instance.profile) >= need.min_memory_gb
-                ):
-                    found.append((position, index))
-        return found
 
     # ---- changing what is free -------------------------------------------------------------------------
 
@@ -187,30 +197,29 @@ class NodeState:
             self.share_count[position] -= sign
         elif isinstance(need, MigSlice):
             position, index = option
-            gpu = self.node.gpus[position]
             if sign < 0:
                 self.mig_free[position].discard(index)
             else:
                 self.mig_free[position].add(index)
-            held_slices = sum(
-                _slices(gpu, i) for i in range(len(gpu.mig_instances)) if i not in self.mig_free[position]
-            )
-            self.free[position] = FULL_MILLI - FULL_MILLI * held_slices // _total_slices(gpu)
+            self.free[position] = mig_free_milli(self.node.gpus[position], self.mig_free[position])
 
     def set_health(
         self, node_health: Health | None = None, gpu_health: dict[int, Health] | None = None
     ) -> None:
         if node_health is not None:
+            self.health = node_health
             self.healthy = node_health is Health.HEALTHY
         for position, health in (gpu_health or {}).items():
+            self.gpu_health[position] = health
             self.gpu_ok[position] = health is Health.HEALTHY
 
 
-def _total_slices(gpu: Gpu) -> int:
-    geo = GEOMETRIES.get(gpu.product)
-    return geo.memory_slices if geo else 8
-
-
-def _slices(gpu: Gpu, index: int) -> int:
-    geo = GEOMETRIES.get(gpu.product)
-    return geo.profile(gpu.mig_instances[index].profile).memory_slices if geo else 1
+def mig_free_milli(gpu: Gpu, free_instances: set[int]) -> int:
+    """A MIG GPU's free memory slices as thousandths of the GPU, for policies that weigh free capacity."""
+    geo = GEOMETRIES[gpu.product]
+    held = sum(
+        geo.profile(instance.profile).memory_slices
+        for index, instance in enumerate(gpu.mig_instances)
+        if index not in free_instances
+    )
+    return FULL_MILLI - FULL_MILLI * held // geo.memory_slices

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from .devices import FULL_MILLI
-from .fragmentation import FragmentMeter, TaskShape, shape_of, typical_shapes
+from .fragmentation import FragmentMeter, TaskShape, gpu_views, shape_of, typical_shapes
 from .mig import profile_memory_gb
 from .node_state import NodeState, Option
 from .requests import GpuShare, MigSlice, Request
@@ -45,7 +45,7 @@ class PlacementPolicy(ABC):
     name: ClassVar[str]
 
     def prepare(self, state: PoolState) -> None:  # noqa: B027 - optional hook
-        """Called once the pool is built, to read whatever the policy needs about it."""
+        """Called when a pool is built or renumbers its nodes' states, before any :meth:`select`."""
 
     @abstractmethod
     def select(self, request: Request, candidates: Candidates) -> tuple[NodeState, Option]:
@@ -64,12 +64,16 @@ class ScoringPolicy(PlacementPolicy):
         self._memo.clear()
         self._memo_size = 0
 
+    def prepare(self, state: PoolState) -> None:
+        # State ids belong to one pool and are renumbered when it starts its caches afresh.
+        self.forget_scores()
+
     def select(self, request: Request, candidates: Candidates) -> tuple[NodeState, Option]:
         best: tuple[Score, int, NodeState, Option] | None = None
+        if self._memo_size > 1_000_000:
+            self.forget_scores()
         memo = self._memo.get(request)
-        if memo is None or self._memo_size > 1_000_000:
-            if memo is not None:
-                self.forget_scores()
+        if memo is None:
             memo = self._memo[request] = {}
         for node_state, options in candidates:
             scored = memo.get(node_state.state_id)
@@ -128,7 +132,7 @@ class BestFit(ScoringPolicy):
     name = "best-fit"
 
     def prepare(self, state: PoolState) -> None:
-        self.forget_scores()
+        super().prepare(state)
         self._cpu_scale = max((ns.node.cpu_milli for ns in state.nodes), default=1) or 1
         self._gpu_scale = max((len(ns.gpus) for ns in state.nodes), default=1) * FULL_MILLI or FULL_MILLI
 
@@ -191,8 +195,7 @@ class FragmentAware(ScoringPolicy):
 
     def fragment_change(self, node: NodeState, request: Request, option: Option) -> float:
         """How much the node's expected fragment drops (positive) or grows (negative) if ``option`` is taken."""
-        products = [g.product for g in node.gpus]
-        before = self.meter.fragment(node.cpu_free, list(zip(products, node.free, strict=True)))
+        before = self.meter.fragment(node.cpu_free, gpu_views(node))
         after_free = list(node.free)
         need = request.gpu
         if isinstance(need, GpuShare):
@@ -200,9 +203,7 @@ class FragmentAware(ScoringPolicy):
         elif need is not None and not isinstance(need, MigSlice):
             for position in option:
                 after_free[position] -= FULL_MILLI
-        after = self.meter.fragment(
-            node.cpu_free - request.cpu_milli, list(zip(products, after_free, strict=True))
-        )
+        after = self.meter.fragment(node.cpu_free - request.cpu_milli, gpu_views(node, after_free))
         return before - after
 
     def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[Score, Option]:

@@ -16,7 +16,6 @@ class Product:
 
     name: str
     memory_gb: int
-    mig_family: str | None = None  # key into the MIG geometry table; None when MIG is not supported
 
     @property
     def memory_mib(self) -> int:
@@ -26,14 +25,14 @@ class Product:
 PRODUCTS: dict[str, Product] = {
     p.name: p
     for p in (
-        Product("A100-40GB", 40, "A100-40GB"),
-        Product("A100-80GB", 80, "A100-80GB"),
-        Product("H100-80GB", 80, "H100-80GB"),
-        Product("H100-NVL-94GB", 94, "H100-NVL-94GB"),
-        Product("GH200-96GB", 96, "GH200-96GB"),
-        Product("H200-141GB", 141, "H200-141GB"),
-        Product("B200-180GB", 180, "B200-180GB"),
-        Product("A30-24GB", 24, "A30-24GB"),
+        Product("A100-40GB", 40),
+        Product("A100-80GB", 80),
+        Product("H100-80GB", 80),
+        Product("H100-NVL-94GB", 94),
+        Product("GH200-96GB", 96),
+        Product("H200-141GB", 141),
+        Product("B200-180GB", 180),
+        Product("A30-24GB", 24),
         Product("L4-24GB", 24),
         Product("L40S-48GB", 48),
         Product("A10-24GB", 24),
@@ -81,13 +80,18 @@ def normalize_product(raw: str, memory_mib: int | None = None) -> str:
     text = re.sub(r"^(NVIDIA-|TESLA-)+", "", text)
     tokens = [t for t in text.split("-") if t]
     for family, sizes, default in _FAMILIES:
-        if family not in tokens and not (tokens and tokens[0] == family):
+        if family not in tokens:
             continue
         if family == "H100" and "NVL" in tokens:
             return "H100-NVL-94GB"
         size = _memory_from_tokens(tokens, sizes)
         if size is None and memory_mib:
             size = _closest(memory_mib / 1024, sizes)
+            if size is None:
+                raise UnknownProduct(
+                    f"unknown GPU product {raw!r} with {memory_mib / 1024:.0f} GiB; "
+                    f"gpupool knows {family} with {', '.join(f'{s} GB' for s in sizes)}"
+                )
         if family == "H100" and size == 94:
             return "H100-NVL-94GB"
         return f"{family}-{size or default}GB"
@@ -102,10 +106,15 @@ def _memory_from_tokens(tokens: list[str], sizes: tuple[int, ...]) -> int | None
     return None
 
 
-def _closest(gb: float, sizes: tuple[int, ...]) -> int:
-    return min(sizes, key=lambda size: abs(size - gb))
+def _closest(gb: float, sizes: tuple[int, ...]) -> int | None:
+    # NVML reports a little less than the marketed size (an L4 "24GB" shows 22.5 GiB); 10% covers that.
+    size = min(sizes, key=lambda size: abs(size - gb))
+    return size if abs(size - gb) <= 0.1 * size else None
 
 
-def product(raw: str, memory_mib: int | None = None) -> Product:
-    """The :class:`Product` for any spelling of its name."""
-    return PRODUCTS[normalize_product(raw, memory_mib)]
+def canonical_product(raw: str) -> str:
+    """The canonical name of a known product, or ``raw`` unchanged: sites may label their own models."""
+    try:
+        return normalize_product(raw)
+    except UnknownProduct:
+        return raw

@@ -5,10 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .devices import FULL_MILLI
+from .products import canonical_product
 
 
 class InvalidRequest(ValueError):
     """A request that can never be valid, whatever the pool holds; the message names the field."""
+
+
+def _canonical(products: frozenset[str]) -> frozenset[str]:
+    # "NVIDIA H100 80GB HBM3", "NVIDIA-H100-80GB-HBM3" and "H100-80GB" must all match an H100-80GB.
+    return frozenset(canonical_product(p) for p in products)
 
 
 @dataclass(frozen=True)
@@ -22,10 +28,9 @@ class WholeGpus:
     def __post_init__(self) -> None:
         if self.count < 1:
             raise InvalidRequest(f"gpus.count must be at least 1, got {self.count}")
-
-    def describe(self) -> str:
-        what = " or ".join(sorted(self.products)) if self.products else "GPU"
-        return f"{self.count} × {what}" if self.count > 1 else f"a whole {what}"
+        if self.min_memory_mib < 0:
+            raise InvalidRequest(f"gpus.min_memory_mib must not be negative, got {self.min_memory_mib}")
+        object.__setattr__(self, "products", _canonical(self.products))
 
 
 @dataclass(frozen=True)
@@ -41,9 +46,9 @@ class MigSlice:
             raise InvalidRequest("mig needs exactly one of mig.profile or mig.min_memory_gb")
         if self.min_memory_gb is not None and self.min_memory_gb < 1:
             raise InvalidRequest(f"mig.min_memory_gb must be at least 1, got {self.min_memory_gb}")
-
-    def describe(self) -> str:
-        return self.profile or f"a MIG slice of at least {self.min_memory_gb} GB"
+        if self.profile is not None:
+            object.__setattr__(self, "profile", self.profile.strip().lower())  # "3g.40GB" is 3g.40gb
+        object.__setattr__(self, "products", _canonical(self.products))
 
 
 @dataclass(frozen=True)
@@ -62,9 +67,7 @@ class GpuShare:
             )
         if self.memory_mib < 0:
             raise InvalidRequest(f"share.memory_mib must not be negative, got {self.memory_mib}")
-
-    def describe(self) -> str:
-        return f"{self.milli / FULL_MILLI:.0%} of a shared GPU"
+        object.__setattr__(self, "products", _canonical(self.products))
 
 
 GpuNeed = WholeGpus | MigSlice | GpuShare
@@ -92,6 +95,3 @@ class Request:
         if isinstance(self.gpu, GpuShare):
             return self.gpu.milli
         return 0
-
-    def describe(self) -> str:
-        return self.gpu.describe() if self.gpu else "CPU only"

@@ -15,7 +15,7 @@ import numpy as np
 from .devices import FULL_MILLI, GpuMode, Health, Node
 from .explain import explain_refusal
 from .mig import GEOMETRIES, Placement, layout_problem
-from .node_state import NodeState, Option
+from .node_state import ANY_WHOLE_GPU, NodeState, Option, mig_free_milli
 from .policies import PlacementPolicy, policy_by_name
 from .requests import GpuShare, MigSlice, Request, WholeGpus
 
@@ -152,6 +152,10 @@ class PoolState:
             reason, never = explain_refusal(self.nodes, request)
             return Refusal(request, reason, never)
         node_state, option = self.policy.select(request, candidates)
+        if not any(ns is node_state and option in options for ns, options in candidates):
+            raise AssertionError(
+                f"policy {self.policy.name} chose {option} on {node_state.node.name}, not a candidate"
+            )
         node_state.take(owner, request, option)
         self._changed(node_state)
         allocation = Allocation(owner, node_state.node.name, request, _grants(node_state, request, option))
@@ -184,9 +188,10 @@ class PoolState:
 
     def _refresh(self, i: int) -> None:
         ns = self.nodes[i]
-        if len(self._state_ids) > 1_000_000:  # a long-lived pool: start the caches afresh
+        if len(self._state_ids) > 1_000_000:  # a long-lived pool: start every cache afresh
             self._state_ids.clear()
             self._options.clear()
+            self.policy.prepare(self)
             for other in self.nodes:
                 other.state_id = self._state_ids.setdefault(other.state_key(), len(self._state_ids))
         ns.state_id = self._state_ids.setdefault(ns.state_key(), len(self._state_ids))
@@ -195,73 +200,69 @@ class PoolState:
         self._healthy[i] = ns.healthy
         shared = [ns.free[p] for p, g in enumerate(ns.gpus) if g.mode is GpuMode.SHARED and ns.gpu_ok[p]]
         self._share_free[i] = max(shared, default=0)
-        self._whole_free[i] = sum(
-            1
-            for p, g in enumerate(ns.gpus)
-            if g.mode is not GpuMode.MIG
-            and ns.gpu_ok[p]
-            and ns.free[p] == FULL_MILLI
-            and ns.share_count[p] == 0
-        )
+        self._whole_free[i] = len(ns.whole_gpu_candidates(ANY_WHOLE_GPU))
 
     # ---- invariants -----------------------------------------------------------------------------------
 
     def check_invariants(self) -> list[str]:
         """Every broken invariant, recomputed from the allocations alone; empty when all hold."""
         problems: list[str] = []
+        by_node: dict[str, list[Allocation]] = {name: [] for name in self._by_name}
+        for allocation in self._allocations.values():
+            by_node[allocation.node].append(allocation)
         for ns in self.nodes:
-            problems += _node_problems(ns, [a for a in self._allocations.values() if a.node == ns.node.name])
-        for owner, allocation in self._allocations.items():
-            if owner not in self._by_name[allocation.node].holders:
-                problems.append(f"{owner}'s allocation on {allocation.node} is missing from the node")
+            problems += _node_problems(ns, by_node[ns.node.name])
         return problems
 
 
 def _node_problems(ns: NodeState, allocations: list[Allocation]) -> list[str]:
+    """What is wrong on one node: the counters must equal what its allocations add up to."""
     node = ns.node
     problems = []
+    if set(ns.holders) != {a.owner for a in allocations}:
+        problems.append(
+            f"{node.name}: holders {sorted(ns.holders)} but allocations {sorted(a.owner for a in allocations)}"
+        )
     cpu = sum(a.request.cpu_milli for a in allocations)
     memory = sum(a.request.memory_mib for a in allocations)
     if cpu > node.cpu_milli or cpu != node.cpu_milli - ns.cpu_free:
         problems.append(f"{node.name}: {cpu} CPU milli held of {node.cpu_milli}, {ns.cpu_free} recorded free")
     if memory > node.memory_mib or memory != node.memory_mib - ns.mem_free:
         problems.append(f"{node.name}: {memory} MiB held of {node.memory_mib}, {ns.mem_free} recorded free")
-    whole: dict[str, str] = {}
-    share_milli: dict[str, int] = {}
-    mig_held: dict[str, list[tuple[str, Placement]]] = {}
-    for allocation in allocations:
-        for grant in allocation.grants:
-            if grant.kind == "gpu":
-                if grant.gpu_uuid in whole:
-                    problems.append(
-                        f"{grant.label} is held by both {whole[grant.gpu_uuid]} and {allocation.owner}"
-                    )
-                whole[grant.gpu_uuid] = allocation.owner
-            elif grant.kind == "share":
-                share_milli[grant.gpu_uuid] = share_milli.get(grant.gpu_uuid, 0) + grant.milli
-            else:
-                gpu = next(g for g in node.gpus if g.uuid == grant.gpu_uuid)
-                instance = next(m for m in gpu.mig_instances if m.uuid == grant.uuid)
-                mig_held.setdefault(gpu.uuid, []).append(
-                    (allocation.owner, Placement(instance.start, instance.profile))
-                )
-    for gpu_uuid, milli in share_milli.items():
+    grants = [(a.owner, g) for a in allocations for g in a.grants]
+    for position, gpu in enumerate(node.gpus):
+        mine = [(owner, g) for owner, g in grants if g.gpu_uuid == gpu.uuid]
+        whole = [owner for owner, g in mine if g.kind == "gpu"]
+        shares = [g for _, g in mine if g.kind == "share"]
+        slices = [g.uuid for _, g in mine if g.kind == "mig"]
+        where = f"{node.name} {gpu.label}"
+        if len(whole) > 1 or (whole and (shares or slices)):
+            problems.append(f"{where}: held whole by {whole} and also shared or sliced")
+        if (shares and gpu.mode is not GpuMode.SHARED) or (slices and gpu.mode is not GpuMode.MIG):
+            problems.append(f"{where}: a {gpu.mode.value} GPU is shared or sliced")
+        milli = FULL_MILLI * len(whole) + sum(g.milli for g in shares)
         if milli > FULL_MILLI:
-            problems.append(f"{node.name}: GPU {gpu_uuid} is shared {milli}/1000 milli")
-        if gpu_uuid in whole:
-            problems.append(f"{node.name}: GPU {gpu_uuid} is held whole by {whole[gpu_uuid]} and also shared")
-    for gpu in node.gpus:
+            problems.append(f"{where}: {milli}/1000 milli handed out")
+        if gpu.max_shares is not None and len(shares) > gpu.max_shares:
+            problems.append(f"{where}: {len(shares)} holders, at most {gpu.max_shares} allowed")
+        if sum(g.memory_mib for g in shares) > gpu.memory_mib:
+            problems.append(f"{where}: shares hold more memory than the GPU has")
+        if len(set(slices)) != len(slices):
+            problems.append(f"{where}: a MIG instance is held twice")
+        free_instances = {i for i, m in enumerate(gpu.mig_instances) if m.uuid not in slices}
         if gpu.mode is GpuMode.MIG:
-            held = mig_held.get(gpu.uuid, [])
-            owners = [o for o, _ in held]
-            placements = [p for _, p in held]
-            if len(set(placements)) != len(placements):
-                problems.append(f"{gpu.label} on {node.name}: a MIG instance is held twice ({owners})")
-            geo = GEOMETRIES.get(gpu.product)
+            expected_free = mig_free_milli(gpu, free_instances)
             layout = [Placement(m.start, m.profile) for m in gpu.mig_instances]
-            problem = layout_problem(geo, layout) if geo else None
+            problem = layout_problem(GEOMETRIES[gpu.product], layout)
             if problem:
-                problems.append(f"{gpu.label} on {node.name}: {problem}")
+                problems.append(f"{where}: {problem}")
+        else:
+            expected_free = FULL_MILLI - milli
+        counters = (ns.free[position], ns.share_count[position], ns.mig_free[position])
+        if counters != (expected_free, len(shares), free_instances):
+            problems.append(f"{where}: counters {counters} disagree with the allocations")
+        if ns.share_mem_free[position] != gpu.memory_mib - sum(g.memory_mib for g in shares):
+            problems.append(f"{where}: {ns.share_mem_free[position]} MiB recorded free for shares")
     return problems
 
 
@@ -275,7 +276,7 @@ def _grants(ns: NodeState, request: Request, option: Option) -> tuple[Grant, ...
         )
     if isinstance(need, GpuShare):
         gpu = gpus[option[0]]
-        memory = need.memory_mib or gpu.memory_mib
+        memory = need.memory_mib  # the share's memory cap; 0 means no cap of its own
         return (
             Grant("share", gpu.uuid, gpu.uuid, f"{need.milli / 10:g}% of {gpu.label}", need.milli, memory),
         )
