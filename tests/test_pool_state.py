@@ -81,12 +81,14 @@ def test_shares_never_exceed_a_whole_gpu() -> None:
     for owner in ("a", "b", "c"):
         place(state, Request(gpu=GpuShare(300), **CPU_MEM), owner)
     fourth = place(state, Request(gpu=GpuShare(300), **CPU_MEM), "d")
+    assert fourth.grants[0].label.endswith("L4-24GB #1"), (
+        "three 30% shares fill GPU 0; the fourth needs GPU 1"
+    )
     used = [g for a in state.allocations.values() for g in a.grants]
     per_gpu: dict[str, int] = {}
     for grant in used:
         per_gpu[grant.gpu_uuid] = per_gpu.get(grant.gpu_uuid, 0) + grant.milli
     assert max(per_gpu.values()) <= 1000
-    assert fourth.grants[0].kind == "share"
     assert state.check_invariants() == []
 
 

@@ -35,10 +35,6 @@ class MigProfile:
     shape: Shape
 
     @property
-    def memory_gb(self) -> int:
-        return profile_memory_gb(self.name)
-
-    @property
     def memory_slices(self) -> int:
         return self.shape.memory_slices
 
@@ -249,13 +245,12 @@ def maximal_layouts(geo: Geometry) -> list[tuple[Placement, ...]]:
     found: list[tuple[Placement, ...]] = []
 
     def grow(layout: tuple[Placement, ...], next_index: int) -> None:
-        extended = False
+        # Extend only with later placements so each layout is built once; keep it when nothing at all fits.
         for index in range(next_index, len(all_placements)):
             candidate = (*layout, all_placements[index])
             if layout_problem(geo, candidate) is None:
-                extended = True
                 grow(candidate, index + 1)
-        if not extended and next(_extensions(geo, layout), None) is None:
+        if next(_extensions(geo, layout), None) is None:
             found.append(layout)
 
     grow((), 0)
