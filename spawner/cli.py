@@ -26,6 +26,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PoolFileError, TraceError, mig.NotMigCapable, mig.UnknownMigProfile) as error:
         print(f"gpupool: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `gpupool pool --json | head`: the reader has what it wanted
+        sys.stderr.close()
+        return 0
 
 
 def _parser() -> argparse.ArgumentParser:
