@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument(
         "--reference", default="", help="the paper's allocation_summary.csv, to print beside ours"
     )
+    parser.add_argument("--readme", default="", help="also write the table into this README, between markers")
     args = parser.parse_args()
 
     out = Path(args.out)
@@ -123,15 +124,16 @@ def summarise(runs: list[dict[str, object]], reference: dict[tuple[str, str], di
     ]
     for workload in workloads:
         cells = []
-        seeds = 0
+        counts: set[int] = set()
         for policy in policies:
             results = grouped.get((workload, policy), [])
-            seeds = max(seeds, len(results))
+            counts.add(len(results))
             cells.append(f"{_mean(results, '100'):.2f} / {_mean(results, '130'):.2f}" if results else "")
         gain = ""
         if grouped.get((workload, "gpupool")) and grouped.get((workload, "fgd")):
             gain = f"{_mean(grouped[(workload, 'gpupool')], '130') - _mean(grouped[(workload, 'fgd')], '130'):+.2f}"
         paper = reference.get((workload, PAPER_NAMES["fgd"]), {}).get("alloc_pct_at_130", "")
+        seeds = "/".join(str(n) for n in sorted(counts - {0}))
         lines.append(
             f"| {workload.removeprefix('openb_pod_list_')} | {seeds} | "
             + " | ".join(cells)

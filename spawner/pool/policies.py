@@ -8,8 +8,7 @@ Scores are "higher is better"; equal scores go to the node with the lower rank, 
 - ``best-fit``   the node that would have the least CPU and GPU left: packs tightly.
 - ``random``     a uniformly random node and GPU among those that fit.
 - ``fgd``        Fragmentation Gradient Descent (Weng et al., ATC '23): least growth in expected fragment.
-- ``gpupool``    our default: FGD's score, then the node with fewer GPUs (large nodes stay whole for large
-                 asks), then the GPU whose leftover typical shares can still fill.
+- ``gpupool``    our default: FGD's score, then the GPU whose leftover typical shares can still fill.
 """
 
 from __future__ import annotations
@@ -230,11 +229,12 @@ class Fgd(FragmentAware):
 
 
 class GpuPool(FragmentAware):
-    """FGD's score first; among equals, the smaller node, then the GPU whose leftover shares can still fill.
+    """FGD's score first; among equal scores, the GPU whose leftover typical shares can still fill.
 
     Measured on the Alibaba trace (README): FGD's coarse score keeps its strength, packing equal choices in
-    a fixed node order. Preferring nodes with fewer GPUs keeps large nodes whole for multi-GPU asks, and a
-    share goes where what it leaves behind is not a sliver that no typical share fits.
+    a fixed node order, so we keep it whole and only break its ties: a share goes where what it leaves behind
+    is not a sliver no typical share fits. (Preferring smaller nodes gained at 130% but refused more
+    model-constrained tasks early; it was dropped.)
     """
 
     name = "gpupool"
@@ -242,10 +242,8 @@ class GpuPool(FragmentAware):
     def rate(self, node: NodeState, request: Request, option: Option, change: float) -> Score:
         fgd = math.floor(100 / (1 + math.exp(-change / FULL_MILLI)))
         need = request.gpu
-        leftover = (
-            self.meter.unfillable(node.free[option[0]] - need.milli) if isinstance(need, GpuShare) else 0
-        )
-        return (fgd, -len(node.gpus), -leftover)
+        leftover = self.meter.unfillable(node.free[option[0]] - need.milli) if isinstance(need, GpuShare) else 0
+        return (fgd, -leftover)
 
 
 POLICIES: dict[str, type[PlacementPolicy]] = {
