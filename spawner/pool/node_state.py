@@ -45,6 +45,7 @@ class NodeState:
         "free",
         "gpu_health",
         "gpu_ok",
+        "gpu_state_id",
         "health",
         "healthy",
         "holders",
@@ -89,6 +90,7 @@ class NodeState:
             ),
         )
         self.state_id = -1  # set by the pool: equal ids mean equal type and equal free resources
+        self.gpu_state_id = -1  # set by the pool: equal ids mean equal devices, equally free
 
     @property
     def gpus(self) -> tuple[Gpu, ...]:
@@ -96,11 +98,12 @@ class NodeState:
 
     def state_key(self) -> tuple[object, ...]:
         """The node's type and everything free on it: nodes with equal keys serve requests identically."""
+        return (self.healthy, self.cpu_free, self.mem_free, self.gpu_state_key())
+
+    def gpu_state_key(self) -> tuple[object, ...]:
+        """The node's devices and what is free on them: equal keys offer the same devices to a GPU need."""
         return (
             self.type_key,
-            self.healthy,
-            self.cpu_free,
-            self.mem_free,
             tuple(self.free),
             tuple(self.share_mem_free),
             tuple(self.share_count),
@@ -114,9 +117,10 @@ class NodeState:
         """Every way this node could serve ``request`` now (empty when it cannot)."""
         if not self.healthy or request.cpu_milli > self.cpu_free or request.memory_mib > self.mem_free:
             return []
-        need = request.gpu
-        if need is None:
-            return [()]
+        return [()] if request.gpu is None else self.gpu_options(request.gpu)
+
+    def gpu_options(self, need: GpuNeed) -> list[Option]:
+        """The devices that could serve ``need`` now, whatever the node's CPU, memory and health."""
         if isinstance(need, WholeGpus):
             chosen = self._whole_gpu_choice(need)
             return [chosen] if chosen is not None else []

@@ -17,7 +17,7 @@ import math
 import random
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from .devices import FULL_MILLI
@@ -55,8 +55,8 @@ class ScoringPolicy(PlacementPolicy):
     """A policy that scores each candidate node and takes the best (ties: lowest rank)."""
 
     def __init__(self) -> None:
-        # request -> node state_id -> (score, option): a score depends only on the request and the node's state
-        self._memo: dict[Request, dict[int, tuple[Score, Option]]] = {}
+        # request key -> node key -> (score, option); see memo_keys
+        self._memo: dict[object, dict[object, tuple[Score, Option]]] = {}
         self._memo_size = 0
 
     def forget_scores(self) -> None:
@@ -71,13 +71,15 @@ class ScoringPolicy(PlacementPolicy):
         best: tuple[Score, int, NodeState, Option] | None = None
         if self._memo_size > 1_000_000:
             self.forget_scores()
-        memo = self._memo.get(request)
+        request_key, node_key = self.memo_keys(request)
+        memo = self._memo.get(request_key)
         if memo is None:
-            memo = self._memo[request] = {}
+            memo = self._memo[request_key] = {}
         for node_state, options in candidates:
-            scored = memo.get(node_state.state_id)
+            key = node_key(node_state)
+            scored = memo.get(key)
             if scored is None:
-                scored = memo[node_state.state_id] = self.score(node_state, request, options)
+                scored = memo[key] = self.score(node_state, request, options)
                 self._memo_size += 1
             score, option = scored
             if best is None or score > best[0] or (score == best[0] and node_state.rank < best[1]):
@@ -85,9 +87,32 @@ class ScoringPolicy(PlacementPolicy):
         assert best is not None
         return best[2], best[3]
 
+    def memo_keys(self, request: Request) -> tuple[object, Callable[[NodeState], object]]:
+        """What a score depends on: a key for the request and a key function for nodes.
+
+        Equal keys must mean equal scores and options. The default is the whole request and the node's whole
+        state; a policy that ignores memory says so here and shares its scores among more nodes.
+        """
+        return request, _state_id
+
     @abstractmethod
     def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[Score, Option]:
         """How good ``node`` is for ``request`` (comparable across nodes) and which option to use there."""
+
+
+def _state_id(node: NodeState) -> object:
+    return node.state_id
+
+
+def _cpu_and_devices(node: NodeState) -> object:
+    return (node.cpu_free, node.gpu_state_id)
+
+
+class IgnoresMemory:
+    """Mixin for scoring policies whose scores read CPU and devices but never memory."""
+
+    def memo_keys(self, request: Request) -> tuple[object, Callable[[NodeState], object]]:
+        return (request.cpu_milli, request.gpu), _cpu_and_devices
 
 
 def tightest_option(node: NodeState, request: Request, options: list[Option]) -> Option:
@@ -106,7 +131,7 @@ def tightest_option(node: NodeState, request: Request, options: list[Option]) ->
     return options[0]
 
 
-class FirstFit(ScoringPolicy):
+class FirstFit(IgnoresMemory, ScoringPolicy):
     name = "first-fit"
 
     def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[Score, Option]:
@@ -125,7 +150,7 @@ class Spread(ScoringPolicy):
         return ((cpu + memory) // 2,), option
 
 
-class BestFit(ScoringPolicy):
+class BestFit(IgnoresMemory, ScoringPolicy):
     """The node with the least CPU and GPU left afterwards, each normalised by the pool's largest node."""
 
     name = "best-fit"
@@ -157,7 +182,7 @@ class RandomFit(PlacementPolicy):
         return node, options[self._random.randrange(len(options))]
 
 
-class FragmentAware(ScoringPolicy):
+class FragmentAware(IgnoresMemory, ScoringPolicy):
     """Shared machinery of the fragmentation-aware policies: the workload's typical shapes and a meter.
 
     Given no workload, the policy learns it from the requests it places, re-reading it as the count doubles.
@@ -242,7 +267,9 @@ class GpuPool(FragmentAware):
     def rate(self, node: NodeState, request: Request, option: Option, change: float) -> Score:
         fgd = math.floor(100 / (1 + math.exp(-change / FULL_MILLI)))
         need = request.gpu
-        leftover = self.meter.unfillable(node.free[option[0]] - need.milli) if isinstance(need, GpuShare) else 0
+        leftover = (
+            self.meter.unfillable(node.free[option[0]] - need.milli) if isinstance(need, GpuShare) else 0
+        )
         return (fgd, -leftover)
 
 

@@ -17,7 +17,7 @@ from .explain import explain_refusal
 from .mig import GEOMETRIES, Placement, layout_problem
 from .node_state import ANY_WHOLE_GPU, NodeState, Option, mig_free_milli
 from .policies import PlacementPolicy, policy_by_name
-from .requests import GpuShare, MigSlice, Request, WholeGpus
+from .requests import GpuNeed, GpuShare, MigSlice, Request, WholeGpus
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class PoolState:
         self.explain_refusals = explain_refusals
         self.policy = policy_by_name(policy) if isinstance(policy, str) else policy
         self._state_ids: dict[tuple[object, ...], int] = {}
-        self._options: dict[Request, dict[int, list[Option]]] = {}
+        self._options: dict[GpuNeed, dict[int, list[Option]]] = {}
         self._product_masks: dict[frozenset[str], np.ndarray] = {}
         self._cpu_free = np.array([ns.cpu_free for ns in self.nodes], dtype=np.int64)
         self._mem_free = np.array([ns.mem_free for ns in self.nodes], dtype=np.int64)
@@ -111,13 +111,17 @@ class PoolState:
 
     def candidates(self, request: Request) -> list[tuple[NodeState, list[Option]]]:
         """Every node that could serve ``request`` now, with the ways it could."""
-        cache = self._options.setdefault(request, {})  # options depend only on the node's state_id
+        rows = np.flatnonzero(self._prefilter(request)).tolist()  # healthy, with the CPU and memory
+        if request.gpu is None:
+            return [(self.nodes[i], [()]) for i in rows]
+        # Device options depend only on the GPU need and the node's devices, so nodes alike share them.
+        cache = self._options.setdefault(request.gpu, {})
         found = []
-        for i in np.flatnonzero(self._prefilter(request)).tolist():
+        for i in rows:
             node_state = self.nodes[i]
-            options = cache.get(node_state.state_id)
+            options = cache.get(node_state.gpu_state_id)
             if options is None:
-                options = cache[node_state.state_id] = node_state.options(request)
+                options = cache[node_state.gpu_state_id] = node_state.gpu_options(request.gpu)
             if options:
                 found.append((node_state, options))
         return found
@@ -193,14 +197,18 @@ class PoolState:
             self._options.clear()
             self.policy.prepare(self)
             for other in self.nodes:
-                other.state_id = self._state_ids.setdefault(other.state_key(), len(self._state_ids))
-        ns.state_id = self._state_ids.setdefault(ns.state_key(), len(self._state_ids))
+                self._assign_ids(other)
+        self._assign_ids(ns)
         self._cpu_free[i] = ns.cpu_free
         self._mem_free[i] = ns.mem_free
         self._healthy[i] = ns.healthy
         shared = [ns.free[p] for p, g in enumerate(ns.gpus) if g.mode is GpuMode.SHARED and ns.gpu_ok[p]]
         self._share_free[i] = max(shared, default=0)
         self._whole_free[i] = len(ns.whole_gpu_candidates(ANY_WHOLE_GPU))
+
+    def _assign_ids(self, ns: NodeState) -> None:
+        ns.state_id = self._state_ids.setdefault(ns.state_key(), len(self._state_ids))
+        ns.gpu_state_id = self._state_ids.setdefault(ns.gpu_state_key(), len(self._state_ids))
 
     # ---- invariants -----------------------------------------------------------------------------------
 
