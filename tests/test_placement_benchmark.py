@@ -17,16 +17,12 @@ from gpupool.spawner.pool.policies import POLICIES
 SAMPLE = Path(__file__).parent / "data" / "trace"
 NODES = SAMPLE / "nodes_sample.csv"
 PODS = SAMPLE / "pods_sample.csv"
+ON_SAMPLE = ["bench", "placement", "--nodes", str(NODES), "--pods", str(PODS)]
 
 
 def test_cli_json_holds_the_protocol_figures(capsys: pytest.CaptureFixture[str]) -> None:
     argv = [
-        "bench",
-        "placement",
-        "--nodes",
-        str(NODES),
-        "--pods",
-        str(PODS),
+        *ON_SAMPLE,
         "--policy",
         "fgd",
         "--seed",
@@ -90,12 +86,7 @@ def test_console_script_prints_a_readable_summary() -> None:
     out = subprocess.run(
         [
             str(script),
-            "bench",
-            "placement",
-            "--nodes",
-            str(NODES),
-            "--pods",
-            str(PODS),
+            *ON_SAMPLE,
             "--policy",
             "best-fit",
         ],
