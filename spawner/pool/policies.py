@@ -8,7 +8,7 @@ Scores are "higher is better"; equal scores go to the node with the lower rank, 
 - ``best-fit``   the node that would have the least CPU and GPU left: packs tightly.
 - ``random``     a uniformly random node and GPU among those that fit.
 - ``fgd``        Fragmentation Gradient Descent (Weng et al., ATC '23): least growth in expected fragment.
-- ``gpupool``    our default: FGD's score, then the GPU whose leftover typical shares can still fill.
+- ``gpupool``    our default: FGD's node; on it, the GPU whose leftover typical shares can still fill.
 """
 
 from __future__ import annotations
@@ -254,15 +254,19 @@ class Fgd(FragmentAware):
 
 
 class GpuPool(FragmentAware):
-    """FGD's score first; among equal scores, the GPU whose leftover typical shares can still fill.
+    """FGD's choice of node, untouched; on that node, the GPU whose leftover typical shares can still fill.
 
-    Measured on the Alibaba trace (README): FGD's coarse score keeps its strength, packing equal choices in
-    a fixed node order, so we keep it whole and only break its ties: a share goes where what it leaves behind
-    is not a sliver no typical share fits. (Preferring smaller nodes gained at 130% but refused more
-    model-constrained tasks early; it was dropped.)
+    Measured on the Alibaba trace (README): FGD's coarse node score with equal scores packed in a fixed node
+    order is hard to beat, and every node tie-break we tried helped some workloads and hurt others. Which GPU
+    of the chosen node takes a share is a free choice FGD leaves to the lowest index; we give the share to
+    the GPU where what it leaves behind is not a sliver that no typical share fits.
     """
 
     name = "gpupool"
+
+    def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[Score, Option]:
+        fgd_score, option = super().score(node, request, options)
+        return fgd_score[:1], option  # nodes compare by FGD's score alone
 
     def rate(self, node: NodeState, request: Request, option: Option, change: float) -> Score:
         fgd = math.floor(100 / (1 + math.exp(-change / FULL_MILLI)))
