@@ -89,7 +89,7 @@ class Request:
 
     @property
     def gpu_milli(self) -> int:
-        """GPU capacity asked for, in thousandths of a GPU (a MIG slice counts by its memory slices)."""
+        """Whole-GPU and shared capacity asked for, in thousandths of a GPU (a MIG slice counts 0: it is its own kind)."""
         if isinstance(self.gpu, WholeGpus):
             return self.gpu.count * FULL_MILLI
         if isinstance(self.gpu, GpuShare):
