@@ -25,7 +25,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy spawner widgets
 
 pytest: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -q
 
 # The full placement table of the README (about an hour on two cores); TRACE is the public trace folder.
 TRACE ?= ../shared/data/alibaba-gpu-v2023

@@ -1,0 +1,177 @@
+"""Quotas: how much of the pool one user may hold at once, by their own limit and their groups' limits.
+
+Two layers apply together, and a request must pass both:
+
+- **The user's quota** always applies: ``QuotaPolicy.user_overrides[user]`` when there is one (it replaces
+  the default whole, so an override can lift a limit as well as tighten it), else ``QuotaPolicy.per_user``.
+- **Group quotas** limit each member, not the group's total. A user in several configured groups gets, for
+  each resource on its own, the most generous of those groups' limits: joining a group can only grant more.
+  A configured group that leaves a resource unlimited makes that resource unlimited on the group side.
+  Groups without an entry in ``per_group`` are ignored, since most of a user's groups have nothing to do
+  with GPUs.
+
+Servers and jobs count together: the caller passes every request the user holds. A request that asks for
+none of a resource is never refused for it, so lowering a quota below what a user already holds does not lock
+them out of, say, a CPU-only server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from .devices import FULL_MILLI
+from .requests import GpuShare, MigSlice, Request, WholeGpus
+
+
+class InvalidQuota(ValueError):
+    """A quota that makes no sense (a negative limit); the message names the field."""
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Upper limits on what one user holds at once; ``None`` leaves a resource unlimited.
+
+    ``gpu_milli`` bounds whole GPUs (1000 each) and shares (their milli) together. MIG slices are bounded
+    by ``mig_slices`` alone: a slice's share of a GPU depends on the product, which a request may leave open.
+    """
+
+    whole_gpus: int | None = None
+    mig_slices: int | None = None
+    gpu_shares: int | None = None
+    gpu_milli: int | None = None
+
+    def __post_init__(self) -> None:
+        for resource in RESOURCES:
+            value = getattr(self, resource.name)
+            if value is not None and value < 0:
+                raise InvalidQuota(f"{resource.name} must not be negative, got {value}")
+
+
+class Limit(NamedTuple):
+    """One limit that applies to a user: on which resource, set by whom, and how much."""
+
+    resource: str  # a Quota field name
+    scope: str  # "user" | "group"
+    subject: str  # the user's name, or the group's
+    value: int
+
+
+class QuotaExceeded(ValueError):
+    """A request would take a user past a limit; the message names the limit, whose it is, and the numbers."""
+
+    def __init__(self, limit: Limit, held: int, asked: int) -> None:
+        self.limit = limit
+        self.held = held
+        self.asked = asked
+        super().__init__(_message(limit, held, asked))
+
+
+@dataclass(frozen=True)
+class _Resource:
+    name: str
+    one: str  # the noun for one unit, as a user reads it
+    many: str
+    amount: Callable[[Request], int]
+    scale: int = 1  # shown divided by this: milli are shown as GPUs
+
+
+def _whole(request: Request) -> int:
+    return request.gpu.count if isinstance(request.gpu, WholeGpus) else 0
+
+
+def _slices(request: Request) -> int:
+    return 1 if isinstance(request.gpu, MigSlice) else 0
+
+
+def _shares(request: Request) -> int:
+    return 1 if isinstance(request.gpu, GpuShare) else 0
+
+
+def _milli(request: Request) -> int:
+    return request.gpu_milli if isinstance(request.gpu, WholeGpus | GpuShare) else 0
+
+
+RESOURCES = (
+    _Resource("whole_gpus", "whole GPU", "whole GPUs", _whole),
+    _Resource("mig_slices", "MIG slice", "MIG slices", _slices),
+    _Resource("gpu_shares", "GPU share", "GPU shares", _shares),
+    _Resource(
+        "gpu_milli", "GPU of whole GPUs and shares", "GPUs of whole GPUs and shares", _milli, FULL_MILLI
+    ),
+)
+_BY_NAME = {r.name: r for r in RESOURCES}
+
+
+def usage(requests: Iterable[Request]) -> dict[str, int]:
+    """What a set of held requests adds up to, per resource (Quota field name)."""
+    held = list(requests)
+    return {r.name: sum(r.amount(q) for q in held) for r in RESOURCES}
+
+
+@dataclass(frozen=True)
+class QuotaPolicy:
+    """Every quota in force: the default per user, per-user overrides, and per-member limits by group."""
+
+    per_user: Quota = Quota()
+    per_group: Mapping[str, Quota] = field(default_factory=dict)
+    user_overrides: Mapping[str, Quota] = field(default_factory=dict)
+
+    def limits_for(self, user: str, groups: Iterable[str]) -> list[Limit]:
+        """Every limit on ``user``: theirs, and per resource the most generous of their configured groups."""
+        own = self.user_overrides.get(user, self.per_user)
+        configured = sorted((g, self.per_group[g]) for g in set(groups) if g in self.per_group)
+        limits = []
+        for resource in RESOURCES:
+            mine = getattr(own, resource.name)
+            if mine is not None:
+                limits.append(Limit(resource.name, "user", user, mine))
+            values = [(getattr(quota, resource.name), group) for group, quota in configured]
+            if values and all(value is not None for value, _ in values):
+                best = max(value for value, _ in values)
+                group = next(g for value, g in values if value == best)  # ties: the first name in order
+                limits.append(Limit(resource.name, "group", group, best))
+        return limits
+
+    def check(
+        self, owner_user: str, user_groups: Iterable[str], request: Request, held: Iterable[Request]
+    ) -> QuotaExceeded | None:
+        """The limit ``request`` would break on top of ``held`` (all the user holds), or None if it fits.
+
+        When several limits would break, one is named: the first resource in ``Quota``'s field order, and
+        for it the tightest limit, the one the user must get under.
+        """
+        asked = {r.name: r.amount(request) for r in RESOURCES}
+        if not any(asked.values()):
+            return None
+        totals = usage(held)
+        broken = [
+            limit
+            for limit in self.limits_for(owner_user, user_groups)
+            if asked[limit.resource] and totals[limit.resource] + asked[limit.resource] > limit.value
+        ]
+        if not broken:
+            return None
+        order = [r.name for r in RESOURCES]
+        tightest = min(broken, key=lambda lim: (order.index(lim.resource), lim.value, lim.scope != "user"))
+        return QuotaExceeded(tightest, totals[tightest.resource], asked[tightest.resource])
+
+
+def _message(limit: Limit, held: int, asked: int) -> str:
+    resource = _BY_NAME[limit.resource]
+
+    def amount(value: int) -> str:
+        return f"{value / resource.scale:g}"
+
+    if limit.value == 0:
+        allowed = f"no {resource.many}"
+    else:
+        allowed = f"{amount(limit.value)} {resource.one if limit.value == resource.scale else resource.many}"
+    if limit.scope == "user":
+        who = f"{limit.subject}'s quota allows {allowed} at once"
+    else:
+        who = f"members of group {limit.subject} may each hold {allowed} at once"
+    is_held = "is" if held == resource.scale else "are"
+    was_asked = "was" if asked == resource.scale else "were"
+    return f"{who}; {amount(held)} {is_held} held and {amount(asked)} more {was_asked} asked for"
