@@ -12,17 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpupool.spawner.backends.simulated import DEMO_POOL, load_pool_file
+from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles, parse_profiles
 from gpupool.spawner.pool.devices import Health, Node
-from gpupool.spawner.pool.profiles import (
-    EXAMPLE_PROFILES,
-    Profile,
-    ProfileError,
-    UnknownProfile,
-    find_profile,
-    fits_pool,
-    load_profiles,
-    parse_profiles,
-)
+from gpupool.spawner.pool.profiles import Profile, ProfileError, UnknownProfile, find_profile, fits_pool
 from gpupool.spawner.pool.requests import GpuShare, MigSlice, Request, WholeGpus
 from gpupool.spawner.pool.state import Allocation, PoolState
 

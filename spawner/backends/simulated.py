@@ -31,7 +31,6 @@ and the loader returns every node or none.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 import uuid
@@ -39,8 +38,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, NoReturn
 
-import yaml
-
+from ..files.yaml_fields import check_fields, kind, load_yaml, parse_memory_mib, read_text, required_field
 from ..pool.devices import Gpu, GpuMode, Health, MigInstance, Node
 from ..pool.mig import Placement, fit, geometry, layout_problem, profile_memory_gb, why_not_fit
 from ..pool.products import PRODUCTS, UnknownProduct, normalize_product
@@ -52,7 +50,6 @@ _TOP_FIELDS = ("nodes",)
 _NODE_FIELDS = ("name", "cpu", "memory", "labels", "health", "gpus", "mig", "shared", "unhealthy")
 _GPU_FIELDS = ("product", "count", "nvlink", "compute_capability", "driver_version")
 _NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*")
-_MEMORY = re.compile(r"\s*(\d+)\s*(GiB|MiB)\s*")
 _MIG_ENTRY = re.compile(r"\s*([^@\s]+)\s*(?:@\s*(\S+)\s*)?")
 # Fixed namespace so the same node name and index give the same UUID on every machine and every run.
 _NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simulated.gpupool.io")
@@ -85,19 +82,7 @@ class _Where:
 def load_pool_file(path: str | Path) -> tuple[Node, ...]:
     """Read a pool file into nodes; any problem, I/O and YAML included, raises :class:`PoolFileError`."""
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        reason = getattr(error, "strerror", None) or error
-        raise PoolFileError(f"{source}: cannot read the pool file: {reason}") from None
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
-    except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark or error.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise PoolFileError(f"{source}: {where}invalid YAML: {error.problem or error.context}") from None
-    except yaml.YAMLError as error:
-        raise PoolFileError(f"{source}: invalid YAML: {error}") from None
+    data = load_yaml(read_text(path, "pool file", PoolFileError), source, PoolFileError)
     return parse_pool(data, source)
 
 
@@ -105,11 +90,11 @@ def parse_pool(data: object, source: str) -> tuple[Node, ...]:
     """Build the nodes of an already-parsed pool document; ``source`` is what messages call the file."""
     top = _Where(source)
     if not isinstance(data, dict) or "nodes" not in data:
-        top.fail(f"expected a mapping with a 'nodes' list at the top, got {_kind(data)}")
-    _check_fields(top, data, _TOP_FIELDS, " at the top")
+        top.fail(f"expected a mapping with a 'nodes' list at the top, got {kind(data)}")
+    check_fields(top, data, _TOP_FIELDS, " at the top")
     raw_nodes = data["nodes"]
     if not isinstance(raw_nodes, list) or not raw_nodes:
-        top.fail(f"'nodes' must be a non-empty list of nodes, got {_kind(raw_nodes)}")
+        top.fail(f"'nodes' must be a non-empty list of nodes, got {kind(raw_nodes)}")
     nodes = tuple(_node(source, position, raw) for position, raw in enumerate(raw_nodes, start=1))
     positions: dict[str, list[int]] = {}
     for position, node in enumerate(nodes, start=1):
@@ -127,19 +112,19 @@ def parse_pool(data: object, source: str) -> tuple[Node, ...]:
 def _node(source: str, position: int, raw: object) -> Node:
     where = _Where(source, str(position))
     if not isinstance(raw, dict):
-        where.fail(f"expected a mapping with name, cpu and memory, got {_kind(raw)}")
+        where.fail(f"expected a mapping with name, cpu and memory, got {kind(raw)}")
     name = raw.get("name")
     if isinstance(name, str) and _NAME.fullmatch(name):
         where = _Where(source, name)
-    _check_fields(where, raw, _NODE_FIELDS)
+    check_fields(where, raw, _NODE_FIELDS)
     if name is None:
         where.fail("missing required field 'name'")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         where.fail(f"name must be a lowercase DNS name such as gpu-a or gpu-a.example.org, got {name!r}")
     return Node(
         name=name,
-        cpu_milli=_cpu_milli(where, _required(where, raw, "cpu")),
-        memory_mib=_memory_mib(where, _required(where, raw, "memory")),
+        cpu_milli=_cpu_milli(where, required_field(where, raw, "cpu")),
+        memory_mib=parse_memory_mib(where, required_field(where, raw, "memory"), "512GiB"),
         gpus=_gpus(where, raw),
         labels=_labels(where, raw.get("labels")),
         health=_health(where, raw.get("health", Health.HEALTHY.value)),
@@ -160,22 +145,11 @@ def _cpu_milli(where: _Where, value: object) -> int:
     return milli
 
 
-def _memory_mib(where: _Where, value: object) -> int:
-    mib: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        mib = value
-    elif isinstance(value, str) and (match := _MEMORY.fullmatch(value)):
-        mib = int(match.group(1)) * (1024 if match.group(2) == "GiB" else 1)
-    if mib is None or mib <= 0:
-        where.fail(f"memory must be like 512GiB or an integer of MiB, got {value!r}")
-    return mib
-
-
 def _labels(where: _Where, value: object) -> dict[str, str]:
     if value is None:
         value = {}
     if not isinstance(value, dict):
-        where.fail(f"labels must be a mapping such as {{rack: r1}}, got {_kind(value)}")
+        where.fail(f"labels must be a mapping such as {{rack: r1}}, got {kind(value)}")
     labels: dict[str, str] = {}
     for key, item in value.items():
         if not isinstance(key, str) or not key:
@@ -187,7 +161,7 @@ def _labels(where: _Where, value: object) -> dict[str, str]:
         elif isinstance(item, str | int | float):
             labels[key] = str(item)
         else:
-            where.fail(f"label {key!r} must have a string or number value, got {_kind(item)}")
+            where.fail(f"label {key!r} must have a string or number value, got {kind(item)}")
     labels[BACKEND_LABEL] = "simulated"
     return labels
 
@@ -210,10 +184,10 @@ def _gpus(where: _Where, raw: dict[Any, Any]) -> tuple[Gpu, ...]:
                 where.fail(f"{field} needs gpus, and this node declares none")
         return ()
     if not isinstance(spec, dict):
-        where.fail(f"gpus must be a mapping with product and count, got {_kind(spec)}")
-    _check_fields(where, spec, _GPU_FIELDS, " in gpus")
-    product = _product(where, _required(where, spec, "product", "gpus.product"))
-    count = _required(where, spec, "count", "gpus.count")
+        where.fail(f"gpus must be a mapping with product and count, got {kind(spec)}")
+    check_fields(where, spec, _GPU_FIELDS, " in gpus")
+    product = _product(where, required_field(where, spec, "product", "gpus.product"))
+    count = required_field(where, spec, "count", "gpus.count")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         where.fail(f"gpus.count must be a whole number of at least 1, got {count!r}")
     groups = _nvlink(where, spec.get("nvlink"), count)
@@ -371,56 +345,3 @@ def _gpu_uuid(node: str, index: int) -> str:
 def _mig_instance(gpu_uuid: str, at: Placement) -> MigInstance:
     mig_uuid = f"MIG-{uuid.uuid5(_NAMESPACE, f'{gpu_uuid}/{at.profile}/{at.start}')}"
     return MigInstance(mig_uuid, at.profile, at.start, profile_memory_gb(at.profile) * 1024, gpu_uuid)
-
-
-# ---- helpers ---------------------------------------------------------------------------------------------
-
-
-def _required(where: _Where, mapping: dict[Any, Any], key: str, label: str | None = None) -> object:
-    if mapping.get(key) is None:
-        where.fail(f"missing required field {label or key!r}")
-    return mapping[key]
-
-
-def _check_fields(where: _Where, mapping: dict[Any, Any], allowed: tuple[str, ...], scope: str = "") -> None:
-    """Catch typos: an unknown field is an error that names it, the likely intended one and all allowed."""
-    for key in mapping:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            where.fail(f"unknown field {key!r}{scope}{hint}; allowed fields are {', '.join(allowed)}")
-
-
-def _kind(value: object) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return f"{type(value).__name__} {value!r}"
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses duplicate keys, which PyYAML would otherwise let silently overwrite."""
-
-
-def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[object] = set()
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            duplicate = key in seen
-        except TypeError:
-            continue  # unhashable: construct_mapping below reports it
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                "while reading a mapping", node.start_mark, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=True)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
