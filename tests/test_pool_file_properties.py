@@ -7,34 +7,16 @@ from pathlib import Path
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from yaml_damage import yaml_values
 
 from gpupool.spawner.backends.simulated import DEMO_POOL, PoolFileError, load_pool_file, parse_pool
 from gpupool.spawner.pool.state import PoolState
 
 DEMO = yaml.safe_load(DEMO_POOL.read_text())
-scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-5, 200),
-    st.floats(allow_nan=True),
-    st.text(max_size=12),
-    st.sampled_from(
-        ["3g.40gb@2", "9g.1gb", "H100-80GB", "L4-24GB", "all", "512GiB", "lots", "@", "7g.80gb@0"]
-    ),
-)
-values = st.recursive(
-    scalars,
-    lambda inner: (
-        st.lists(inner, max_size=3)
-        | st.dictionaries(
-            st.sampled_from(
-                ["name", "cpu", "memory", "gpus", "mig", "shared", "product", "count", "nvlink", 6, "all"]
-            ),
-            inner,
-            max_size=3,
-        )
-    ),
-    max_leaves=8,
+values = yaml_values(
+    ["3g.40gb@2", "9g.1gb", "H100-80GB", "L4-24GB", "all", "512GiB", "lots", "@", "7g.80gb@0"],
+    ["name", "cpu", "memory", "gpus", "mig", "shared", "product", "count", "nvlink", 6, "all"],
+    largest=200,
 )
 
 

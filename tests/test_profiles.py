@@ -10,6 +10,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from yaml_damage import yaml_values
 
 from gpupool.spawner.backends.simulated import DEMO_POOL, load_pool_file
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles, parse_profiles
@@ -357,27 +358,10 @@ def test_a_profile_fits_a_pool_that_is_only_busy_or_unhealthy_now() -> None:
 # ---- damaged files -------------------------------------------------------------------------------------
 
 SHIPPED = yaml.safe_load(EXAMPLE_PROFILES.read_text())
-scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-5, 10**15),
-    st.floats(allow_nan=True),
-    st.text(max_size=12),
-    st.sampled_from(["3g.40gb", "9g.1gb", "H100", "L4", "8h", "1h30m", "0s", "16GiB", "training", "h100"]),
-)
-values = st.recursive(
-    scalars,
-    lambda inner: (
-        st.lists(inner, max_size=3)
-        | st.dictionaries(
-            st.sampled_from(
-                ["count", "products", "profile", "min_memory_gb", "fraction", "milli", "slug", 1]
-            ),
-            inner,
-            max_size=3,
-        )
-    ),
-    max_leaves=8,
+values = yaml_values(
+    ["3g.40gb", "9g.1gb", "H100", "L4", "8h", "1h30m", "0s", "16GiB", "training", "h100"],
+    ["count", "products", "profile", "min_memory_gb", "fraction", "milli", "slug", 1],
+    largest=10**15,
 )
 
 
