@@ -90,7 +90,9 @@ def test_a_cpu_only_profile_asks_for_cpu_and_memory_and_no_gpu() -> None:
 def test_a_whole_gpu_profile_asks_for_count_products_and_memory() -> None:
     profile = one("    gpus: {count: 2, products: [A100-40GB, A100-80GB], min_memory_gb: 40}\n")
     assert profile.request() == Request(
-        2000, 8192, WholeGpus(2, frozenset({"A100-40GB", "A100-80GB"}), 40960)
+        2000,
+        8192,
+        WholeGpus(2, frozenset({"A100-40GB", "A100-80GB"}), 38147),  # 40 decimal GB in MiB
     )
     assert profile.gpu_description() == "2 × A100-40GB or A100-80GB with at least 40 GB"
     assert one("    gpus: {count: 1}\n").gpu_description() == "1 × any GPU"
@@ -405,3 +407,13 @@ def test_garbage_bytes_are_a_profile_error(tmp_path_factory: pytest.TempPathFact
         assert str(error).startswith(f"{path}: ")
     else:
         assert profiles, "a file that loads must hold profiles"
+
+
+def test_min_memory_in_marketed_gb_accepts_the_gpu_that_name_promises() -> None:
+    # NVML reports an "80GB" H100 as 81,559 MiB: less than 80 × 1024, more than 80 decimal GB.
+    from gpupool.spawner.pool.devices import Gpu, Node
+
+    h100 = Gpu(uuid="GPU-real", index=0, product="H100-80GB", memory_mib=81_559)
+    pool = PoolState([Node("real", 64_000, 512 * 1024, (h100,))])
+    profile = one("    gpus: {count: 1, min_memory_gb: 80}\n")
+    assert isinstance(pool.place(profile.request(), "alice"), Allocation)

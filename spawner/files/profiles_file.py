@@ -18,6 +18,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..pool.products import marketed_gb_to_mib
 from ..pool.profiles import DURATIONS, Profile, ProfileError, slug_problem
 from ..pool.requests import GpuNeed, GpuShare, InvalidRequest, MigSlice, WholeGpus
 from .yaml_fields import check_fields, kind, load_yaml, parse_memory_mib, read_text, required_field
@@ -136,7 +137,7 @@ def _gpu_need(where: _Where, raw: dict[Any, Any]) -> GpuNeed | None:
         if ask == "gpus":
             count = _whole(where, required_field(where, spec, "count", "gpus.count"), "gpus.count", 1)
             memory_gb = _number(where, spec.get("min_memory_gb", 0), "gpus.min_memory_gb", "40", zero=True)
-            return WholeGpus(count, products, round(memory_gb * 1024))
+            return WholeGpus(count, products, marketed_gb_to_mib(memory_gb))
         if ask == "mig":
             profile = spec.get("profile")
             if profile is not None and not isinstance(profile, str):

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from .devices import Health, Node
 from .node_state import NodeState, gpu_kind_matches, instance_matches
+from .products import mib_to_marketed_gb
 from .requests import GpuShare, MigSlice, Request, WholeGpus
 
 
@@ -63,7 +64,7 @@ def _device_noun(request: Request) -> str:
         memory = f" and {need.memory_mib / 1024:g} GiB" if need.memory_mib else ""
         return f"shared {products or 'GPU'} with {need.milli / 10:g}%{memory} left"
     if isinstance(need, WholeGpus) and need.min_memory_mib:
-        return f"{products or 'GPU'} with at least {need.min_memory_mib / 1024:g} GiB"
+        return f"{products or 'GPU'} with at least {mib_to_marketed_gb(need.min_memory_mib):g} GB"
     return products or "GPU"
 
 

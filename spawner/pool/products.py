@@ -58,6 +58,17 @@ _FAMILIES: tuple[tuple[str, tuple[int, ...], int], ...] = (
 )
 
 
+def marketed_gb_to_mib(gb: float) -> int:
+    """MiB in ``gb`` decimal gigabytes, the unit GPU names use: an "80GB" H100 reports 81,559 MiB to NVML,
+    less than 80 × 1024, so a minimum of "80 GB" must mean 76,294 MiB to accept it."""
+    return round(gb * 1e9 / 2**20)
+
+
+def mib_to_marketed_gb(mib: int) -> float:
+    """The inverse of :func:`marketed_gb_to_mib`, for messages."""
+    return round(mib * 2**20 / 1e9, 1)
+
+
 class UnknownProduct(ValueError):
     """A product name that matches no GPU gpupool knows."""
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .devices import Node
 from .mig import GEOMETRIES, NotMigCapable, UnknownMigProfile, geometry, profile_memory_gb
+from .products import mib_to_marketed_gb
 from .requests import GpuNeed, MigSlice, Request, WholeGpus
 from .state import PoolState, Refusal
 
@@ -63,7 +64,11 @@ class Profile:
             return "CPU only"
         products = " or ".join(sorted(need.products))
         if isinstance(need, WholeGpus):
-            memory = f" with at least {need.min_memory_mib / 1024:g} GB" if need.min_memory_mib else ""
+            memory = (
+                f" with at least {mib_to_marketed_gb(need.min_memory_mib):g} GB"
+                if need.min_memory_mib
+                else ""
+            )
             return f"{need.count} × {products or 'any GPU'}{memory}"
         if isinstance(need, MigSlice):
             name = f"MIG {need.profile}" if need.profile else f"MIG slice of at least {need.min_memory_gb} GB"
