@@ -135,10 +135,12 @@ class NodeState:
             if instance_matches(self.node.gpus[p].mig_instances[index], need)
         ]
 
-    def gpu_busy_reason(self, position: int, need: WholeGpus | GpuShare) -> str | None:
+    def gpu_busy_reason(
+        self, position: int, need: WholeGpus | GpuShare, *, ignore_health: bool = False
+    ) -> str | None:
         """Why a GPU of the right kind cannot take ``need`` now, or None when it can."""
         gpu = self.node.gpus[position]
-        if not self.gpu_ok[position]:
+        if not self.gpu_ok[position] and not ignore_health:
             return self.gpu_health[position].value
         if isinstance(need, WholeGpus):
             return None if self.free[position] == FULL_MILLI and self.share_count[position] == 0 else "in use"

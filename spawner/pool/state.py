@@ -15,7 +15,7 @@ import numpy as np
 from .devices import FULL_MILLI, GpuMode, Health, Node
 from .explain import explain_refusal
 from .mig import GEOMETRIES, Placement, layout_problem
-from .node_state import ANY_WHOLE_GPU, NodeState, Option, mig_free_milli
+from .node_state import ANY_WHOLE_GPU, NodeState, Option, gpu_kind_matches, instance_matches, mig_free_milli
 from .policies import PlacementPolicy, policy_by_name
 from .requests import GpuNeed, GpuShare, MigSlice, Request, WholeGpus
 
@@ -58,6 +58,10 @@ class Refusal:
 
 class AlreadyHolding(ValueError):
     """An owner asked for devices while it still holds some; an owner holds one allocation at a time."""
+
+
+class CannotRestore(ValueError):
+    """Recorded devices that this pool cannot hand back to their owner; the message says which and why."""
 
 
 class PoolState:
@@ -175,6 +179,27 @@ class PoolState:
             self._changed(node_state)
         return allocation
 
+    def restore(self, owner: str, request: Request, node: str, option: Option) -> Allocation:
+        """Hand ``owner`` exactly the devices ``option`` on ``node`` again, as recorded before a restart.
+
+        Placement is skipped (the devices were chosen once already), but every device must still be of the
+        right kind and free, so a restore can never hand out a device twice. Health is not asked: held
+        devices stay held on an unhealthy or drained node, as with :meth:`set_health`.
+        """
+        if owner in self._allocations:
+            raise AlreadyHolding(f"{owner} already holds devices on {self._allocations[owner].node}")
+        node_state = self._by_name.get(node)
+        if node_state is None:
+            raise CannotRestore(f"node {node} is not in the pool")
+        problem = _restore_problem(node_state, request, option)
+        if problem:
+            raise CannotRestore(f"{node}: {problem}")
+        node_state.take(owner, request, option)
+        self._changed(node_state)
+        allocation = Allocation(owner, node, request, _grants(node_state, request, option))
+        self._allocations[owner] = allocation
+        return allocation
+
     def set_health(self, node: str, health: Health, gpu_index: int | None = None) -> None:
         """Mark a node, or one GPU on it, healthy, unhealthy or drained. Held devices stay held."""
         node_state = self._by_name[node]
@@ -272,6 +297,39 @@ def _node_problems(ns: NodeState, allocations: list[Allocation]) -> list[str]:
         if ns.share_mem_free[position] != gpu.memory_mib - sum(g.memory_mib for g in shares):
             problems.append(f"{where}: {ns.share_mem_free[position]} MiB recorded free for shares")
     return problems
+
+
+def _restore_problem(ns: NodeState, request: Request, option: Option) -> str | None:
+    """Why ``option`` cannot be taken for ``request`` on this node now, or None (health aside)."""
+    if request.cpu_milli > ns.cpu_free or request.memory_mib > ns.mem_free:
+        return "not enough CPU or memory left"
+    need = request.gpu
+    if need is None:
+        return None if option == () else f"a request without a GPU cannot hold devices {option}"
+    size = need.count if isinstance(need, WholeGpus) else 2 if isinstance(need, MigSlice) else 1
+    if len(option) != size or (isinstance(need, WholeGpus) and len(set(option)) != size):
+        return f"devices {option} do not have the request's shape"
+    positions = option[:1] if isinstance(need, MigSlice) else option
+    if not all(0 <= p < len(ns.gpus) for p in positions):
+        return f"devices {option} are not on this node"
+    for p in positions:
+        gpu = ns.gpus[p]
+        if not gpu_kind_matches(gpu, need):
+            return f"{gpu.label} ({gpu.mode.value}) cannot serve this request"
+        if not isinstance(need, MigSlice):
+            busy = ns.gpu_busy_reason(p, need, ignore_health=True)  # held devices stay held when unhealthy
+            if busy:
+                return f"{gpu.label} is {busy}"
+    if isinstance(need, MigSlice):
+        position, index = option
+        instances = ns.gpus[position].mig_instances
+        if not 0 <= index < len(instances):
+            return f"{ns.gpus[position].label} has no MIG instance {index}"
+        if not instance_matches(instances[index], need):
+            return f"{instances[index].uuid} is now a {instances[index].profile} instance, not what was asked"
+        if index not in ns.mig_free[position]:
+            return f"{instances[index].uuid} is in use"
+    return None
 
 
 def _grants(ns: NodeState, request: Request, option: Option) -> tuple[Grant, ...]:

@@ -1,0 +1,1 @@
+"""Hub integration: the spawn form and, later, the GPU spawners JupyterHub runs."""

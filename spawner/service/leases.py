@@ -1,0 +1,244 @@
+"""Leases: the only code that changes who holds which devices, kept in step with the store.
+
+A change is written to the store before it is applied to the in-memory pool and queue (a placement is
+undone if the write fails), so whatever happens in between, the store is right and the next start restores
+from it. Restoring re-applies every granted lease at exactly its recorded devices and puts queued leases back
+in their order; a lease whose devices the pool no longer has is released with reason "devices gone: …".
+
+One manager owns a store at a time. Its methods take a lock, so HTTP handlers on several threads may call it.
+Quotas count queued leases as held: a queued lease is admitted later without its user's groups at hand, so
+it must already fit when it is asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+
+from ..pool.devices import Node
+from ..pool.explain import explain_refusal
+from ..pool.node_state import Option
+from ..pool.policies import PlacementPolicy
+from ..pool.queue import AdmissionQueue, QueuedRequest, competes
+from ..pool.quotas import QuotaPolicy
+from ..pool.requests import MigSlice, Request, WholeGpus
+from ..pool.state import Allocation, CannotRestore, PoolState
+from .store import Lease, LeaseNotFound, LeaseState, LeaseStore, NewLease, OwnerKind
+
+log = logging.getLogger(__name__)
+
+DEVICES_GONE = "devices gone"
+
+
+class NeverFits(ValueError):
+    """A request that even an empty, healthy pool could not serve; queueing it would wait forever."""
+
+
+class LeaseManager:
+    """Grants, queues and releases leases over one pool, recording each change in ``store`` first.
+
+    ``released_at_start`` holds the leases that restoring had to release, for the caller to report.
+    """
+
+    def __init__(
+        self,
+        nodes: Iterable[Node],
+        store: LeaseStore,
+        *,
+        policy: str | PlacementPolicy = "gpupool",
+        quotas: QuotaPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.quotas = quotas
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._pool = PoolState(nodes, policy)
+        self._queue = AdmissionQueue()
+        self.released_at_start = self._restore()
+
+    @property
+    def pool(self) -> PoolState:
+        """The live allocations, for reading; change them only through this manager."""
+        return self._pool
+
+    # ---- asking and giving back -------------------------------------------------------------------------
+
+    def request_lease(
+        self,
+        user: str,
+        groups: Iterable[str],
+        owner_kind: OwnerKind,
+        owner_name: str,
+        profile_slug: str,
+        request: Request,
+        priority: int = 0,
+    ) -> Lease:
+        """A granted lease when devices are free and nobody competing waits ahead, else a queued one.
+
+        Raises :class:`~..pool.quotas.QuotaExceeded` or :class:`NeverFits`, and then stores nothing.
+        """
+        with self._lock:
+            if self.quotas is not None:
+                held = [lease.request for lease in self.store.list_for_user(user, active_only=True)]
+                refusal = self.quotas.check(user, groups, request, held)
+                if refusal is not None:
+                    raise refusal
+            new = NewLease(owner_kind, user, owner_name, profile_slug, request, priority, self._clock())
+            # Never slip past a competing request already waiting at this priority or above.
+            blocked = any(
+                e.priority >= priority and competes(e.request.gpu, request.gpu) for e in self._queue.entries()
+            )
+            outcome = None if blocked else self._pool.place(request, new.id)
+            if isinstance(outcome, Allocation):
+                try:
+                    return self.store.add_granted(new, outcome.node, outcome.grants)
+                except BaseException:
+                    self._pool.release(new.id)
+                    raise
+            if outcome is None:
+                reason, never = explain_refusal(self._pool.nodes, request)
+            else:
+                reason, never = outcome.reason, outcome.never_fits
+            if never:
+                raise NeverFits(reason)
+            lease = self.store.add_queued(new)
+            self._queue.add(_entry(lease))
+            return self._with_position(lease)
+
+    def release(self, lease_id: str, reason: str = "released") -> Lease:
+        """Give the lease's devices back and admit whoever waits for them; a second call changes nothing."""
+        with self._lock:
+            lease = self.get(lease_id)
+            if lease.state is LeaseState.RELEASED:
+                return lease
+            released = self.store.mark_released(lease_id, reason, self._clock())
+            if lease_id in self._queue:
+                self._queue.remove(lease_id)
+            self._pool.release(lease_id)
+            self.admit()
+            return released
+
+    def admit(self) -> list[Lease]:
+        """Grant queued leases that fit now, in queue order (see :mod:`..pool.queue`); return them."""
+        granted: list[Lease] = []
+
+        def try_place(entry: QueuedRequest) -> bool:
+            outcome = self._pool.place(entry.request, entry.id)
+            if not isinstance(outcome, Allocation):
+                return False
+            try:
+                granted.append(self.store.mark_granted(entry.id, outcome.node, outcome.grants, self._clock()))
+            except BaseException:
+                self._pool.release(entry.id)
+                raise
+            return True
+
+        with self._lock:
+            self._queue.admit(try_place)
+        return granted
+
+    # ---- reading ----------------------------------------------------------------------------------------
+
+    def get(self, lease_id: str) -> Lease:
+        with self._lock:
+            lease = self.store.get(lease_id)
+            if lease is None:
+                raise LeaseNotFound(f"no lease {lease_id!r}")
+            return self._with_position(lease)
+
+    def leases_for(self, user: str, *, active_only: bool = False) -> list[Lease]:
+        """A user's leases, oldest first."""
+        with self._lock:
+            return [
+                self._with_position(lease)
+                for lease in self.store.list_for_user(user, active_only=active_only)
+            ]
+
+    def position(self, lease_id: str) -> int | None:
+        """Place in the whole queue (0 is next), or None when the lease is not queued."""
+        with self._lock:
+            if lease_id in self._queue:
+                return self._queue.position(lease_id)
+            self.get(lease_id)  # an unknown id is an error, not "not queued"
+            return None
+
+    def waiting_message(self, lease_id: str) -> str | None:
+        """What a waiting user reads (``Waiting for a free H100-80GB: 2 ahead of you``); None when not queued."""
+        with self._lock:
+            if lease_id not in self._queue:
+                self.get(lease_id)
+                return None
+            return self._queue.waiting_message(lease_id, self._queue.get(lease_id).description)
+
+    def _with_position(self, lease: Lease) -> Lease:
+        return replace(lease, position=self._queue.position(lease.id)) if lease.id in self._queue else lease
+
+    # ---- restoring after a restart ----------------------------------------------------------------------
+
+    def _restore(self) -> tuple[Lease, ...]:
+        gone: list[Lease] = []
+        for lease in self.store.active():
+            if lease.state is LeaseState.QUEUED:
+                self._queue.add(_entry(lease))  # arrival order, so ties keep their order too
+                continue
+            try:
+                self._pool.restore(
+                    lease.id, lease.request, lease.node or "", _recorded_option(self._pool, lease)
+                )
+            except CannotRestore as error:
+                released = self.store.mark_released(lease.id, f"{DEVICES_GONE}: {error}", self._clock())
+                log.warning("lease %s of %s released at start-up: %s", lease.id, lease.user, error)
+                gone.append(released)
+        self.admit()  # the pool may have grown while the service was down
+        return tuple(gone)
+
+
+def _recorded_option(pool: PoolState, lease: Lease) -> Option:
+    """The node positions of the lease's recorded devices; CannotRestore when any is no longer there."""
+    try:
+        node = pool.node(lease.node or "")
+    except KeyError:
+        raise CannotRestore(f"node {lease.node} is not in the pool") from None
+    gpus = {gpu.uuid: position for position, gpu in enumerate(node.gpus)}
+    instances = {
+        instance.uuid: (position, index)
+        for position, gpu in enumerate(node.gpus)
+        for index, instance in enumerate(gpu.mig_instances)
+    }
+    option: list[int] = []
+    for grant in lease.devices:
+        if grant.kind == "mig" and grant.uuid in instances:
+            option.extend(instances[grant.uuid])
+        elif grant.kind != "mig" and grant.uuid in gpus:
+            option.append(gpus[grant.uuid])
+        else:
+            raise CannotRestore(f"{grant.label} ({grant.uuid}) is no longer on node {node.node.name}")
+    return tuple(option)
+
+
+def _entry(lease: Lease) -> QueuedRequest:
+    request = lease.request
+    return QueuedRequest(
+        lease.id, lease.id, lease.user, request, lease.priority, lease.created_at, describe(request)
+    )
+
+
+def describe(request: Request) -> str:
+    """What a queued request waits for, as in ``Waiting for a free …``."""
+    need = request.gpu
+    if need is None:
+        return f"node with {request.cpu_milli / 1000:g} CPUs and {request.memory_mib / 1024:g} GiB of memory"
+    products = " or ".join(sorted(need.products))
+    if isinstance(need, WholeGpus):
+        what = products or "GPU"
+        return what if need.count == 1 else f"set of {need.count} × {what}"
+    if isinstance(need, MigSlice):
+        name = (
+            f"MIG {need.profile} slice" if need.profile else f"MIG slice of at least {need.min_memory_gb} GB"
+        )
+        return f"{name} on {products}" if products else name
+    return f"{need.milli / 10:g}% share of {products or 'a GPU'}"

@@ -1,0 +1,288 @@
+"""The lease store: the one durable record of who holds which devices, so a restart loses nothing.
+
+SQLite by default (WAL, foreign keys on), any SQLAlchemy URL otherwise (``postgresql+psycopg://…``). The
+schema is created at start-up with ``create_all``; migrations (Alembic) come when the schema first changes.
+The store only records: :class:`~.leases.LeaseManager` decides, and is the only writer.
+
+Times are UTC seconds since the epoch (floats) from the manager's clock. A request is stored as JSON in the
+field names of the profiles file (``gpus``, ``mig``, ``share``); devices as a JSON list of grants.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any, Literal, cast
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    ColumnElement,
+    Engine,
+    Float,
+    Integer,
+    String,
+    create_engine,
+    event,
+    func,
+    select,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.pool import StaticPool
+
+from ..pool.requests import GpuNeed, GpuShare, MigSlice, Request, WholeGpus
+from ..pool.state import Grant
+
+OwnerKind = Literal["server", "job"]
+OWNER_KINDS: tuple[OwnerKind, ...] = ("server", "job")
+_NEED_KINDS: dict[str, type[GpuNeed]] = {"gpus": WholeGpus, "mig": MigSlice, "share": GpuShare}
+
+
+class LeaseState(StrEnum):
+    QUEUED = "queued"
+    GRANTED = "granted"
+    RELEASED = "released"
+
+
+def new_lease_id() -> str:
+    """12 URL-safe characters (72 random bits): short enough to read in a URL, never guessed or reused."""
+    return secrets.token_urlsafe(9)
+
+
+def check_owner_kind(owner_kind: str) -> None:
+    if owner_kind not in OWNER_KINDS:
+        raise ValueError(f"owner_kind must be one of {', '.join(OWNER_KINDS)}, got {owner_kind!r}")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One lease as recorded: its owner (a server or a job), what it asked for and what it holds."""
+
+    id: str
+    owner_kind: OwnerKind
+    user: str
+    owner_name: str  # the server's or the job's name
+    profile: str  # the profile's slug
+    request: Request
+    priority: int
+    state: LeaseState
+    created_at: float
+    node: str | None = None
+    devices: tuple[Grant, ...] = ()
+    granted_at: float | None = None
+    released_at: float | None = None
+    release_reason: str | None = None
+    position: int | None = None  # place in the queue (0 is next) when read through the manager; not stored
+
+    @property
+    def visible_devices(self) -> str:
+        """The value for ``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES``."""
+        return ",".join(g.uuid for g in self.devices)
+
+
+@dataclass(frozen=True)
+class NewLease:
+    """A lease before it is stored: who asks, for what, and when; the id is chosen here, before placement."""
+
+    owner_kind: OwnerKind
+    user: str
+    owner_name: str
+    profile: str
+    request: Request
+    priority: int
+    created_at: float
+    id: str = field(default_factory=new_lease_id)
+
+    def __post_init__(self) -> None:
+        check_owner_kind(self.owner_kind)
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class LeaseRow(_Base):
+    __tablename__ = "leases"
+    __table_args__ = (
+        CheckConstraint("owner_kind IN ('server', 'job')", name="owner_kind_known"),
+        CheckConstraint("state IN ('queued', 'granted', 'released')", name="state_known"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, unique=True)  # arrival order, kept across restarts
+    owner_kind: Mapped[str] = mapped_column(String(8))
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    owner_name: Mapped[str] = mapped_column(String(255))
+    profile: Mapped[str] = mapped_column(String(63))
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    priority: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    node: Mapped[str | None] = mapped_column(String(253))
+    devices: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Float)
+    granted_at: Mapped[float | None] = mapped_column(Float)
+    released_at: Mapped[float | None] = mapped_column(Float)
+    release_reason: Mapped[str | None] = mapped_column(String(1000))
+
+
+class LeaseNotFound(LookupError):
+    """No lease has this id."""
+
+
+class LeaseStore:
+    """Leases in a database; every method is one short transaction and returns plain :class:`Lease` records."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = _engine(url)
+        _Base.metadata.create_all(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def add_queued(self, new: NewLease) -> Lease:
+        """Record a new lease waiting in the queue."""
+        return self._add(new, LeaseState.QUEUED)
+
+    def add_granted(self, new: NewLease, node: str, devices: tuple[Grant, ...]) -> Lease:
+        """Record a new lease granted at once, in one transaction, so no crash leaves it half-written."""
+        return self._add(new, LeaseState.GRANTED, node, devices)
+
+    def _add(
+        self, new: NewLease, state: LeaseState, node: str | None = None, devices: tuple[Grant, ...] = ()
+    ) -> Lease:
+        with self._sessions.begin() as session:
+            seq = (session.scalar(select(func.max(LeaseRow.seq))) or 0) + 1
+            row = LeaseRow(
+                id=new.id,
+                seq=seq,
+                owner_kind=new.owner_kind,
+                user=new.user,
+                owner_name=new.owner_name,
+                profile=new.profile,
+                request=request_to_json(new.request),
+                priority=new.priority,
+                state=state.value,
+                node=node,
+                devices=[asdict(g) for g in devices],
+                created_at=new.created_at,
+                granted_at=new.created_at if state is LeaseState.GRANTED else None,
+            )
+            session.add(row)
+            session.flush()
+            return _lease(row)
+
+    def mark_granted(self, lease_id: str, node: str, devices: tuple[Grant, ...], at: float) -> Lease:
+        """A queued lease now holds ``devices`` on ``node``."""
+        with self._sessions.begin() as session:
+            row = _row(session, lease_id)
+            if row.state != LeaseState.QUEUED:
+                raise ValueError(f"lease {lease_id} is {row.state}, only a queued lease can be granted")
+            row.state, row.node, row.devices = LeaseState.GRANTED.value, node, [asdict(g) for g in devices]
+            row.granted_at = at
+            return _lease(row)
+
+    def mark_released(self, lease_id: str, reason: str, at: float) -> Lease:
+        """The lease gives everything back; releasing a released lease changes nothing and returns it."""
+        with self._sessions.begin() as session:
+            row = _row(session, lease_id)
+            if row.state != LeaseState.RELEASED:
+                row.state, row.released_at, row.release_reason = LeaseState.RELEASED.value, at, reason
+            return _lease(row)
+
+    def get(self, lease_id: str) -> Lease | None:
+        with self._sessions.begin() as session:
+            row = session.get(LeaseRow, lease_id)
+            return _lease(row) if row is not None else None
+
+    def list_for_user(self, user: str, *, active_only: bool = False) -> list[Lease]:
+        """A user's leases, oldest first; released ones too unless ``active_only``."""
+        mine = LeaseRow.user == user
+        return (
+            self._list(mine, LeaseRow.state != LeaseState.RELEASED.value) if active_only else self._list(mine)
+        )
+
+    def active(self) -> list[Lease]:
+        """Every queued or granted lease, in arrival order: what a restart must restore."""
+        return self._list(LeaseRow.state != LeaseState.RELEASED.value)
+
+    def _list(self, *where: ColumnElement[bool]) -> list[Lease]:
+        with self._sessions.begin() as session:
+            return [
+                _lease(row) for row in session.scalars(select(LeaseRow).where(*where).order_by(LeaseRow.seq))
+            ]
+
+
+def sqlite_url(path: str) -> str:
+    return f"sqlite:///{path}"
+
+
+def _engine(url: str) -> Engine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+    in_memory = parsed.database in (None, "", ":memory:")
+    # One shared connection for an in-memory database, or every connection would see an empty one.
+    options: dict[str, Any] = {"poolclass": StaticPool} if in_memory else {}
+    engine = create_engine(url, connect_args={"check_same_thread": False}, **options)
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(connection: Any, _record: Any) -> None:
+        cursor = connection.cursor()
+        if not in_memory:
+            cursor.execute("PRAGMA journal_mode=WAL")  # readers never wait for the writer
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    return engine
+
+
+def _row(session: Session, lease_id: str) -> LeaseRow:
+    row = session.get(LeaseRow, lease_id)
+    if row is None:
+        raise LeaseNotFound(f"no lease {lease_id!r}")
+    return row
+
+
+def _lease(row: LeaseRow) -> Lease:
+    return Lease(
+        id=row.id,
+        owner_kind=cast(OwnerKind, row.owner_kind),
+        user=row.user,
+        owner_name=row.owner_name,
+        profile=row.profile,
+        request=request_from_json(row.request),
+        priority=row.priority,
+        state=LeaseState(row.state),
+        created_at=row.created_at,
+        node=row.node,
+        devices=tuple(Grant(**g) for g in row.devices),
+        granted_at=row.granted_at,
+        released_at=row.released_at,
+        release_reason=row.release_reason,
+    )
+
+
+# ---- requests as JSON ------------------------------------------------------------------------------------
+
+
+def request_to_json(request: Request) -> dict[str, Any]:
+    """``{"cpu_milli", "memory_mib", "gpu": null | {"kind": "gpus" | "mig" | "share", <its fields>}}``."""
+    need = request.gpu
+    gpu = None
+    if need is not None:
+        kind = next(name for name, cls in _NEED_KINDS.items() if isinstance(need, cls))
+        gpu = {"kind": kind, **asdict(need), "products": sorted(need.products)}
+    return {"cpu_milli": request.cpu_milli, "memory_mib": request.memory_mib, "gpu": gpu}
+
+
+def request_from_json(data: dict[str, Any]) -> Request:
+    gpu = data.get("gpu")
+    need: GpuNeed | None = None
+    if gpu is not None:
+        fields = {k: v for k, v in gpu.items() if k != "kind"}
+        need = _NEED_KINDS[gpu["kind"]](**fields | {"products": frozenset(fields.get("products", ()))})
+    return Request(data["cpu_milli"], data["memory_mib"], need)
