@@ -27,9 +27,9 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest -q
 
-# The full placement table of the README (about an hour on two cores); TRACE is the public trace folder.
-TRACE ?= ../shared/data/alibaba-gpu-v2023
+# The placement table of the README: make bench TRACE=path/to/cluster-trace-gpu-v2023 (see the README).
 bench: $(STAMP)
+	@test -n "$(TRACE)" || { echo "make bench needs TRACE=path/to/cluster-trace-gpu-v2023"; exit 2; }
 	$(BIN)/python benchmarks/placement_table.py --trace $(TRACE) --out benchmarks/results
 
 clean:

@@ -46,7 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     mig_commands = mig_parser.add_subparsers(dest="mig_command", required=True)
     check = mig_commands.add_parser("check", help="exit 0 when these MIG instances fit one GPU together")
     check.add_argument("product", help="e.g. H100-80GB, 'NVIDIA A100-SXM4-40GB', NVIDIA-H200")
-    check.add_argument("profiles", nargs="+", metavar="PROFILE", help="e.g. 3g.40gb 2g.20gb 1g.10gb")
+    check.add_argument(
+        "profiles", nargs="+", metavar="PROFILE", help="e.g. 3g.40gb 2g.20gb 1g.10gb, or pinned: 3g.40gb@4"
+    )
     check.set_defaults(handler=_mig_check)
     layouts = mig_commands.add_parser("layouts", help="every maximal MIG layout of a product")
     layouts.add_argument("product")
@@ -62,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     placement.add_argument("--pods", required=True, metavar="CSV", help="e.g. openb_pod_list_default.csv")
     placement.add_argument("--policy", default="gpupool", choices=sorted(POLICIES))
     placement.add_argument("--seed", type=int, default=42)
-    placement.add_argument("--inflate", type=float, default=1.3, help="demand as a multiple of GPU capacity")
+    placement.add_argument(
+        "--inflate", type=_positive, default=1.3, help="demand as a multiple of GPU capacity (default 1.3)"
+    )
     placement.add_argument("--json", action="store_true")
     placement.set_defaults(handler=_bench_placement)
     return parser
@@ -79,14 +83,26 @@ def _pool(args: argparse.Namespace) -> int:
 
 def _mig_check(args: argparse.Namespace) -> int:
     geo = mig.geometry(args.product)
-    placed = mig.fit(geo, args.profiles)
+    pinned = [_pinned(geo, text) for text in args.profiles if "@" in text]
+    free = [text for text in args.profiles if "@" not in text]
+    problem = mig.layout_problem(geo, pinned)
+    placed = None if problem else mig.fit(geo, free, pinned)
+    wanted = " + ".join(args.profiles)
     if placed is None:
-        print(
-            f"no: {' + '.join(args.profiles)} do not fit one {geo.product}: {mig.why_not_fit(geo, args.profiles)}"
-        )
+        reason = problem or mig.why_not_fit(geo, [p.profile for p in pinned] + free)
+        print(f"no: {wanted} do not fit one {geo.product}: {reason}")
         return 1
-    print(f"yes: on one {geo.product} as {', '.join(str(p) for p in placed)} (profile@memory-slice)")
+    layout = ", ".join(str(p) for p in sorted((*pinned, *placed)))
+    print(f"yes: on one {geo.product} as {layout} (profile@start, in memory slices)")
     return 0
+
+
+def _pinned(geo: mig.Geometry, text: str) -> mig.Placement:
+    profile, _, start = text.partition("@")
+    geo.profile(profile)  # an unknown name raises with the product's list
+    if not start.isdigit():
+        raise mig.UnknownMigProfile(f"{text!r}: the start after @ must be a memory slice such as 0 or 4")
+    return mig.Placement(int(start), profile)
 
 
 def _mig_layouts(args: argparse.Namespace) -> int:
@@ -109,7 +125,8 @@ def _mig_layouts(args: argparse.Namespace) -> int:
         return 0
     combos = mig.profile_combinations(layouts)
     print(
-        f"{geo.product}: {len(combos)} maximal combinations of profiles ({len(layouts)} distinct placements)"
+        f"{geo.product}: {len(layouts)} maximal layouts (no instance can be added), "
+        f"{len(combos)} combinations of profiles among them"
     )
     for combo in combos:
         print("  " + " + ".join(combo))
@@ -123,11 +140,22 @@ def _bench_placement(args: argparse.Namespace) -> int:
         return 0
     print(f"policy {run.policy}, seed {run.seed}: {run.pods} tasks, {run.placed} placed, {run.failed} failed")
     for arrived, allocated in run.alloc_pct.items():
-        print(f"  {arrived}% of GPU capacity arrived: {allocated}% allocated")
+        figure = (
+            "not reached (no task arrived within a point of it)" if allocated is None else f"{allocated}%"
+        )
+        print(f"  {arrived}% of GPU capacity arrived: {figure} allocated")
     print(
-        f"  fragmented at 130%: {run.frag_pct_130}% of GPUs; decision p50 {run.p50_us} µs, p99 {run.p99_us} µs"
+        f"  fragmented at {round(args.inflate * 100)}% arrived: {run.frag_pct_130}% of GPUs; "
+        f"decision p50 {run.p50_us} µs, p99 {run.p99_us} µs"
     )
     return 0
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number such as 1.3, got {text}")
+    return value
 
 
 if __name__ == "__main__":

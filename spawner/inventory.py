@@ -70,7 +70,7 @@ def _summary(nodes: list[dict[str, Any]]) -> dict[str, Any]:
         "nodes": len(nodes),
         "gpus": len(gpus),
         "whole_gpus_free": sum(
-            1 for g in usable if g["mode"] != "mig" and g["free_milli"] == FULL_MILLI and not g["holders"]
+            1 for g in usable if g["mode"] == "whole" and g["free_milli"] == FULL_MILLI and not g["holders"]
         ),
         "mig_slices": sum(len(g["mig"]) for g in gpus),
         "mig_slices_free": dict(sorted(mig_free.items())),
@@ -89,9 +89,10 @@ def render_pool(description: dict[str, Any]) -> str:
     lines = [f"Pool from {description['source']} ({description['backend']})"]
     mig = ", ".join(f"{p} ×{n}" for p, n in summary["mig_slices_free"].items()) or "none"
     lines.append(
-        f"{summary['nodes']} nodes, {summary['gpus']} GPUs: {summary['whole_gpus_free']} whole GPUs free; "
-        f"MIG slices free: {mig}; shared GPUs: {summary['shared_gpus']} "
-        f"({summary['shared_milli_free'] / FULL_MILLI:g} GPUs of share free)"
+        f"{_count(summary['nodes'], 'node')}, {_count(summary['gpus'], 'GPU')}. Free now: "
+        f"{_count(summary['whole_gpus_free'], 'whole GPU')}; MIG slices {mig}; "
+        f"{summary['shared_milli_free'] / FULL_MILLI:g} GPUs' worth of shares on "
+        f"{_count(summary['shared_gpus'], 'shared GPU')}"
     )
     if summary["unhealthy"]:
         lines.append(f"Out of the pool (unhealthy or drained): {', '.join(summary['unhealthy'])}")
@@ -111,6 +112,10 @@ def render_pool(description: dict[str, Any]) -> str:
         if not node["gpus"]:
             lines.append("  (no GPUs)")
     return "\n".join(lines)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def _gpu_line(gpu: dict[str, Any]) -> str:

@@ -42,3 +42,20 @@ def test_unknown_product_lists_the_known_ones() -> None:
         UnknownProduct, match=r"unknown GPU product 'Radeon 7900'; known products are A10-24GB"
     ):
         normalize_product("Radeon 7900")
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("A100-96GB", "unknown GPU product 'A100-96GB': A100 comes in 40 GB and 80 GB, not 96 GB"),
+        ("H200-96GB", "unknown GPU product 'H200-96GB': H200 comes in 141 GB, not 96 GB"),
+        (
+            "A100",
+            "GPU product 'A100' is ambiguous: A100 comes in 40 GB and 80 GB; say A100-40GB or A100-80GB",
+        ),
+    ],
+)
+def test_a_near_miss_is_refused_rather_than_read_as_another_gpu(raw: str, message: str) -> None:
+    with pytest.raises(UnknownProduct) as caught:
+        normalize_product(raw)
+    assert str(caught.value) == message

@@ -163,9 +163,9 @@ def test_a_shared_index_overrides_all_and_unhealthy_marks_single_gpus() -> None:
 
 
 def test_nvlink_index_lists_make_one_group_each() -> None:
-    (node,) = parse(NODE + "    gpus: {product: A100, count: 4, nvlink: [[0, 1], [2, 3]]}\n")
+    (node,) = parse(NODE + "    gpus: {product: A100-40GB, count: 4, nvlink: [[0, 1], [2, 3]]}\n")
     assert [g.nvlink_group for g in node.gpus] == [0, 0, 1, 1]
-    (unlinked,) = parse(NODE + "    gpus: {product: A100, count: 2}\n")
+    (unlinked,) = parse(NODE + "    gpus: {product: A100-40GB, count: 2}\n")
     assert [g.nvlink_group for g in unlinked.gpus] == [None, None]
 
 
@@ -215,7 +215,7 @@ def test_a_gpu_index_out_of_range_names_the_range(field: str) -> None:
 
 
 def test_an_nvlink_index_out_of_range_is_refused() -> None:
-    message = problem(NODE + "    gpus: {product: A100, count: 2, nvlink: [[0, 2]]}\n")
+    message = problem(NODE + "    gpus: {product: A100-40GB, count: 2, nvlink: [[0, 2]]}\n")
     assert message == "pool.yaml: node gpu-a: gpus.nvlink: gpu 2 is out of range; the node has 2, indices 0-1"
 
 

@@ -42,19 +42,19 @@ PRODUCTS: dict[str, Product] = {
     )
 }
 
-# Family -> (memory sizes it ships in, default size). The first matching family wins, so longer names first.
-_FAMILIES: tuple[tuple[str, tuple[int, ...], int], ...] = (
-    ("GH200", (96,), 96),
-    ("H200", (141,), 141),
-    ("H100", (80, 94), 80),
-    ("B200", (180,), 180),
-    ("A100", (40, 80), 40),
-    ("A30", (24,), 24),
-    ("L40S", (48,), 48),
-    ("L4", (24,), 24),
-    ("A10", (24,), 24),
-    ("T4", (16,), 16),
-    ("V100", (16, 32), 16),
+# Family -> the memory sizes it ships in. The first matching family wins, so longer names come first.
+_FAMILIES: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("GH200", (96,)),
+    ("H200", (141,)),
+    ("H100", (80, 94)),
+    ("B200", (180,)),
+    ("A100", (40, 80)),
+    ("A30", (24,)),
+    ("L40S", (48,)),
+    ("L4", (24,)),
+    ("A10", (24,)),
+    ("T4", (16,)),
+    ("V100", (16, 32)),
 )
 
 
@@ -90,31 +90,38 @@ def normalize_product(raw: str, memory_mib: int | None = None) -> str:
     text = re.sub(r"-MIG-.*$", "", text)  # GFD single strategy appends the slice profile
     text = re.sub(r"^(NVIDIA-|TESLA-)+", "", text)
     tokens = [t for t in text.split("-") if t]
-    for family, sizes, default in _FAMILIES:
+    for family, sizes in _FAMILIES:
         if family not in tokens:
             continue
         if family == "H100" and "NVL" in tokens:
             return "H100-NVL-94GB"
-        size = _memory_from_tokens(tokens, sizes)
-        if size is None and memory_mib:
-            size = _closest(memory_mib / 1024, sizes)
-            if size is None:
-                raise UnknownProduct(
-                    f"unknown GPU product {raw!r} with {memory_mib / 1024:.0f} GiB; "
-                    f"gpupool knows {family} with {', '.join(f'{s} GB' for s in sizes)}"
-                )
+        size = _size(raw, family, tokens, sizes, memory_mib)
         if family == "H100" and size == 94:
             return "H100-NVL-94GB"
-        return f"{family}-{size or default}GB"
+        return f"{family}-{size}GB"
     raise UnknownProduct(f"unknown GPU product {raw!r}; known products are {', '.join(sorted(PRODUCTS))}")
 
 
-def _memory_from_tokens(tokens: list[str], sizes: tuple[int, ...]) -> int | None:
-    for token in tokens:
-        match = re.fullmatch(r"(\d+)GB", token)
-        if match and int(match.group(1)) in sizes:
-            return int(match.group(1))
-    return None
+def _size(raw: str, family: str, tokens: list[str], sizes: tuple[int, ...], memory_mib: int | None) -> int:
+    """The memory size of a ``family`` GPU, from its name or else from NVML; never a silent guess."""
+    stated = [int(m.group(1)) for t in tokens if (m := re.fullmatch(r"(\d+)(?:GB)?", t))]
+    known = [size for size in stated if size in sizes]
+    if known:
+        return known[0]
+    if memory_mib:  # NVML names may leave the size out ("NVIDIA H200") or count more ("GH200 480GB")
+        size = _closest(memory_mib / 1024, sizes)
+        if size is not None:
+            return size
+        stated = [round(memory_mib / 1024)]
+    kinds = " and ".join(f"{s} GB" for s in sizes)
+    if stated:
+        raise UnknownProduct(f"unknown GPU product {raw!r}: {family} comes in {kinds}, not {stated[0]} GB")
+    if len(sizes) > 1 and family != "H100":  # an H100 without "NVL" is the 80 GB part
+        raise UnknownProduct(
+            f"GPU product {raw!r} is ambiguous: {family} comes in {kinds}; "
+            f"say {' or '.join(f'{family}-{s}GB' for s in sizes)}"
+        )
+    return sizes[0]
 
 
 def _closest(gb: float, sizes: tuple[int, ...]) -> int | None:
