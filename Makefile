@@ -10,6 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	npm install --prefix .node --no-audit --no-fund configurable-http-proxy@4
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -33,4 +34,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/placement_table.py --trace $(TRACE) --out benchmarks/results
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .node build *.egg-info

@@ -226,3 +226,25 @@ def test_restore_refuses_a_device_another_owner_holds() -> None:
     placed = [state.place(WHOLE, "h"), state.place(MIG, "i")]  # placement sees what restore took
     assert [getattr(p, "visible_devices", p) for p in placed] == ["GPU-dgx-1", "MIG-dgx-2-0"]
     assert state.check_invariants() == []
+
+
+def test_availability_counts_what_could_start_now_and_changes_nothing(tmp_path: Path) -> None:
+    m = manager(tmp_path)
+    asks = {"whole": WHOLE, "pair": PAIR, "mig": MIG}
+    assert m.availability(asks) == {"whole": (2, 0), "pair": (1, 0), "mig": (2, 0)}
+    assert m.pool.allocations == {} and m.pool.check_invariants() == []
+
+    ask(m, "alice", PAIR)
+    queued = m.request_lease("bob", [], "server", "", "whole", WHOLE)
+    assert queued.state is LeaseState.QUEUED
+    # Whole GPUs are all taken and one waits; MIG slices are untouched by the wait.
+    assert m.availability(asks) == {"whole": (0, 1), "pair": (0, 0), "mig": (2, 0)}
+    assert len(m.pool.allocations) == 1
+
+
+def test_all_leases_lists_every_user(tmp_path: Path) -> None:
+    m = manager(tmp_path)
+    first, second = ask(m, "alice", MIG), ask(m, "bob", MIG)
+    m.release(first.id)
+    assert [lease.id for lease in m.all_leases()] == [first.id, second.id]
+    assert [lease.id for lease in m.all_leases(active_only=True)] == [second.id]

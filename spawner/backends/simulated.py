@@ -47,6 +47,7 @@ BACKEND_LABEL = "gpupool.io/backend"
 DEMO_POOL: Path = Path(str(files("gpupool.hub_config").joinpath("pools", "demo.yaml")))
 
 _TOP_FIELDS = ("nodes",)
+_LARGEST = 10**12  # beyond any real node; keeps CPU and memory within the pool state's int64 arrays
 _NODE_FIELDS = ("name", "cpu", "memory", "labels", "health", "gpus", "mig", "shared", "unhealthy")
 _GPU_FIELDS = ("product", "count", "nvlink", "compute_capability", "driver_version")
 _NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*")
@@ -124,7 +125,7 @@ def _node(source: str, position: int, raw: object) -> Node:
     return Node(
         name=name,
         cpu_milli=_cpu_milli(where, required_field(where, raw, "cpu")),
-        memory_mib=parse_memory_mib(where, required_field(where, raw, "memory"), "512GiB"),
+        memory_mib=parse_memory_mib(where, required_field(where, raw, "memory"), "512GiB", _LARGEST),
         gpus=_gpus(where, raw),
         labels=_labels(where, raw.get("labels")),
         health=_health(where, raw.get("health", Health.HEALTHY.value)),
@@ -136,7 +137,7 @@ def _cpu_milli(where: _Where, value: object) -> int:
         isinstance(value, bool)
         or not isinstance(value, int | float)
         or not math.isfinite(value)
-        or value <= 0
+        or not 0 < value < _LARGEST
     ):
         where.fail(f"cpu must be a positive number of cores such as 32 or 0.5, got {value!r}")
     milli = round(value * 1000)

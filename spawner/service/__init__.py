@@ -1,1 +1,1 @@
-"""The gpupool service: the lease store and manager (persistence, queueing, restore); HTTP comes later."""
+"""The gpupool service: the lease store and manager (persistence, queueing, restore) and its HTTP API."""

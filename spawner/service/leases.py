@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
+from typing import TypeVar
 
 from ..pool.devices import Node
 from ..pool.explain import explain_refusal
@@ -29,6 +30,7 @@ from ..pool.state import Allocation, CannotRestore, PoolState
 from .store import Lease, LeaseNotFound, LeaseState, LeaseStore, NewLease, OwnerKind
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEVICES_GONE = "devices gone"
 
@@ -157,6 +159,51 @@ class LeaseManager:
                 self._with_position(lease)
                 for lease in self.store.list_for_user(user, active_only=active_only)
             ]
+
+    def all_leases(self, *, active_only: bool = False) -> list[Lease]:
+        """Every user's leases, oldest first: what an administrator reads."""
+        with self._lock:
+            return [self._with_position(lease) for lease in self.store.list_all(active_only=active_only)]
+
+    def inspect(self, read: Callable[[PoolState], T]) -> T:
+        """``read(pool)`` with no lease changing meanwhile, for a consistent picture (the inventory)."""
+        with self._lock:
+            return read(self._pool)
+
+    def availability(self, asks: Mapping[str, Request], limit: int = 64) -> dict[str, tuple[int, int]]:
+        """Per key of ``asks`` (a profile's slug): how many of its request could start now (at most ``limit``)
+        and how many leases of that profile are queued.
+
+        "Could start now" places trial owners on the live pool and gives them straight back, under the lock,
+        so it asks the real placement policy and never disagrees with it; nothing is stored. While anyone
+        competing waits in the queue, a new request would queue behind them, so the count is 0.
+        """
+        with self._lock:
+            queued: dict[str, int] = {}
+            for lease in self.store.active():
+                if lease.state is LeaseState.QUEUED:
+                    queued[lease.profile] = queued.get(lease.profile, 0) + 1
+            waiting = [e.request.gpu for e in self._queue.entries()]
+            counts = {}
+            for key, request in asks.items():
+                blocked = any(competes(need, request.gpu) for need in waiting)
+                counts[key] = (0 if blocked else self._count_fits(request, limit), queued.get(key, 0))
+            return counts
+
+    def _count_fits(self, request: Request, limit: int) -> int:
+        trial = [f"availability-trial:{n}" for n in range(limit)]
+        placed = 0
+        explain, self._pool.explain_refusals = self._pool.explain_refusals, False  # only the count matters
+        try:
+            for owner in trial:
+                if not isinstance(self._pool.place(request, owner), Allocation):
+                    break
+                placed += 1
+        finally:
+            for owner in trial[:placed]:
+                self._pool.release(owner)
+            self._pool.explain_refusals = explain
+        return placed
 
     def position(self, lease_id: str) -> int | None:
         """Place in the whole queue (0 is next), or None when the lease is not queued."""

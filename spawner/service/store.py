@@ -205,6 +205,10 @@ class LeaseStore:
             self._list(mine, LeaseRow.state != LeaseState.RELEASED.value) if active_only else self._list(mine)
         )
 
+    def list_all(self, *, active_only: bool = False) -> list[Lease]:
+        """Every user's leases, oldest first; released ones too unless ``active_only``."""
+        return self._list(LeaseRow.state != LeaseState.RELEASED.value) if active_only else self._list()
+
     def active(self) -> list[Lease]:
         """Every queued or granted lease, in arrival order: what a restart must restore."""
         return self._list(LeaseRow.state != LeaseState.RELEASED.value)

@@ -1,0 +1,192 @@
+"""The service's HTTP API: a FastAPI app over one :class:`LeaseManager`, mounted under the service prefix.
+
+JupyterHub's proxy forwards ``/services/gpupool/…`` with the prefix intact, so every route lives under
+``{prefix}api/v1/``, the OpenAPI document included. Handlers are plain ``def``: FastAPI runs them on its
+thread pool, and the manager's lock keeps them from stepping on each other. This module has no
+``from __future__ import annotations``: FastAPI must resolve the local ``CallerDep`` alias at run time.
+
+Status codes, mapped once in :func:`_problem_handlers`:
+
+- 400 — a body or field the API cannot use (``fields`` names it), or an unknown profile (the detail lists the
+  valid slugs);
+- 401 — no token; 403 — a token the hub refuses, a missing scope, a profile the user's groups may not use,
+  or a quota (``error: "quota_exceeded"``, the detail names the limit: releasing a lease, not waiting, is
+  what helps, so it is not a 429);
+- 404 — no such lease, or a lease of another user (never revealed);
+- 409 — a profile this pool can never serve (queueing it would wait forever).
+"""
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..inventory import describe_pool
+from ..pool.profiles import Profile, UnknownProfile, find_profile, fits_pool
+from ..pool.quotas import QuotaExceeded
+from .auth import Authenticator, Caller
+from .leases import LeaseManager, NeverFits
+from .models import LeaseOut, LeaseRequest, Problem, ProfileOut
+from .store import Lease, LeaseNotFound
+
+DEFAULT_PREFIX = "/services/gpupool/"
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": Problem} for code in (400, 401, 403, 404, 409)}
+
+
+def create_app(
+    manager: LeaseManager,
+    profiles: Sequence[Profile],
+    *,
+    backend: str,
+    auth: Authenticator,
+    source: str = "",
+    prefix: str = DEFAULT_PREFIX,
+) -> FastAPI:
+    """The API for ``manager``'s pool; ``backend`` ("simulated" or "nvml") is shown in ``GET pool``."""
+    base = "/" + prefix.strip("/") + "/api/v1"
+    nodes = manager.pool.nodes
+    never_fits = {p.slug: fits_pool(p, [ns.node for ns in nodes]) for p in profiles}
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await auth.aclose()
+
+    app = FastAPI(
+        title="gpupool",
+        version="1",
+        description="Leases of GPUs, MIG slices and GPU shares for JupyterHub servers and jobs.",
+        openapi_url=f"{base}/openapi.json",
+        docs_url=f"{base}/docs",
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    _problem_handlers(app)
+    router = APIRouter(prefix=base, responses=_ERRORS)
+    CallerDep = Annotated[Caller, Depends(auth)]
+
+    @router.get("/pool", summary="The pool: nodes, GPUs, MIG slices, shares, what is free, health")
+    def get_pool(_caller: CallerDep) -> dict[str, Any]:
+        return manager.inspect(lambda pool: describe_pool(pool, backend, source))
+
+    @router.get("/profiles", summary="The profiles the caller may use, with availability")
+    def get_profiles(caller: CallerDep) -> list[ProfileOut]:
+        usable = [p for p in profiles if p.visible_to(caller.groups, caller.is_admin)]
+        counts = manager.availability({p.slug: p.request() for p in usable if never_fits[p.slug] is None})
+        return [
+            ProfileOut.from_profile(p, *counts.get(p.slug, (0, 0)), never_fits=never_fits[p.slug])
+            for p in usable
+        ]
+
+    @router.post(
+        "/leases", status_code=status.HTTP_201_CREATED, summary="Ask for a lease (granted or queued)"
+    )
+    def post_lease(body: LeaseRequest, caller: CallerDep) -> LeaseOut:
+        if (body.user is not None or body.groups is not None) and not caller.acts_for_others:
+            field = "user" if body.user is not None else "groups"
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"{field}: only a token with custom:gpupool:leases may ask on behalf of a user",
+            )
+        user = body.user or caller.name
+        groups = frozenset(body.groups) if body.groups is not None else caller.groups
+        profile = find_profile(profiles, body.profile)
+        if not profile.visible_to(groups, caller.is_admin):
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"profile: only members of {' or '.join(sorted(profile.groups))} may use {profile.slug}",
+            )
+        lease = manager.request_lease(
+            user, groups, body.owner_kind, body.owner_name, profile.slug, profile.request()
+        )
+        return _out(manager, lease)
+
+    @router.get("/leases", summary="The caller's leases; every lease for admins and the hub")
+    def list_leases(caller: CallerDep, active_only: bool = False) -> list[LeaseOut]:
+        if caller.is_admin or caller.acts_for_others:
+            leases = manager.all_leases(active_only=active_only)
+        else:
+            leases = manager.leases_for(caller.name, active_only=active_only)
+        return [_out(manager, lease) for lease in leases]
+
+    @router.get("/leases/{lease_id}", summary="One lease")
+    def get_lease(lease_id: str, caller: CallerDep) -> LeaseOut:
+        return _out(manager, _visible_lease(manager, caller, lease_id))
+
+    @router.delete("/leases/{lease_id}", summary="Release a lease; releasing twice changes nothing")
+    def delete_lease(lease_id: str, caller: CallerDep) -> LeaseOut:
+        _visible_lease(manager, caller, lease_id)
+        return _out(manager, manager.release(lease_id, f"released by {caller.kind} {caller.name}"))
+
+    app.include_router(router)
+    return app
+
+
+def _visible_lease(manager: LeaseManager, caller: Caller, lease_id: str) -> Lease:
+    """The lease, or 404 alike for a missing lease and for one the caller may not see."""
+    try:
+        lease = manager.get(lease_id)
+    except LeaseNotFound:
+        lease = None
+    if lease is None or not caller.may_see(lease.user):
+        raise LeaseNotFound(f"no lease {lease_id!r}")
+    return lease
+
+
+def _out(manager: LeaseManager, lease: Lease) -> LeaseOut:
+    message = manager.waiting_message(lease.id) if lease.position is not None else None
+    return LeaseOut.from_lease(lease, message)
+
+
+def _problem_handlers(app: FastAPI) -> None:
+    """Typed errors to status codes, once; every error body is a :class:`Problem`."""
+
+    def problem(code: int, error: str, detail: str, fields: list[str] | None = None) -> JSONResponse:
+        body = Problem(error=error, detail=detail, fields=fields or [])
+        return JSONResponse(body.model_dump(), status_code=code)
+
+    async def invalid(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        fields, sentences = [], []
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"] if part not in ("body", "query", "path"))
+            where = where or "body"
+            fields.append(where)
+            sentences.append(f"{where}: {error['msg']}")
+        return problem(400, "invalid_request", "; ".join(sentences), fields)
+
+    async def http_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        names = {401: "unauthenticated", 403: "forbidden", 404: "not_found", 502: "hub_unreachable"}
+        field = str(exc.detail).split(":", 1)[0] if exc.status_code == 403 else ""
+        response = problem(
+            exc.status_code,
+            names.get(exc.status_code, "error"),
+            str(exc.detail),
+            [field] if field in ("user", "groups", "profile") else [],
+        )
+        response.headers.update(exc.headers or {})
+        return response
+
+    async def unknown_profile(_request: Request, exc: Exception) -> JSONResponse:
+        return problem(400, "unknown_profile", str(exc), ["profile"])
+
+    async def quota(_request: Request, exc: Exception) -> JSONResponse:
+        return problem(403, "quota_exceeded", str(exc))
+
+    async def never(_request: Request, exc: Exception) -> JSONResponse:
+        return problem(409, "never_fits", str(exc), ["profile"])
+
+    async def not_found(_request: Request, exc: Exception) -> JSONResponse:
+        return problem(404, "not_found", str(exc))
+
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(UnknownProfile, unknown_profile)
+    app.add_exception_handler(QuotaExceeded, quota)
+    app.add_exception_handler(NeverFits, never)
+    app.add_exception_handler(LeaseNotFound, not_found)

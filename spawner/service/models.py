@@ -1,0 +1,137 @@
+"""The API's request and response bodies, as pydantic models: they are the OpenAPI document's schemas.
+
+Models here only describe JSON; turning domain records into them is ``from_lease``/``from_profile``, so the
+wire format changes in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..pool.profiles import Profile
+from ..pool.state import Grant
+from .store import Lease, request_to_json
+
+
+class LeaseRequest(BaseModel):
+    """``POST leases``: a profile for a server or a job. ``user`` and ``groups`` are the hub's to set."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    profile: str = Field(min_length=1, max_length=63, description="the profile's slug, e.g. mig-3g")
+    owner_kind: Literal["server", "job"] = Field(description="what holds the lease")
+    owner_name: str = Field(
+        max_length=255, description="the server's name ('' is the default server) or the job's"
+    )
+    user: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        description="whose lease; only with custom:gpupool:leases, otherwise the caller",
+    )
+    groups: list[str] | None = Field(
+        default=None,
+        description="the user's groups, for profile rules and group quotas; only with custom:gpupool:leases",
+    )
+
+
+class Device(BaseModel):
+    kind: str = Field(description='"gpu", "mig" or "share"')
+    uuid: str = Field(description="what CUDA_VISIBLE_DEVICES takes: GPU-… or MIG-…")
+    gpu_uuid: str
+    label: str
+    milli: int
+    memory_mib: int
+
+    @classmethod
+    def from_grant(cls, grant: Grant) -> Device:
+        return cls(
+            kind=grant.kind,
+            uuid=grant.uuid,
+            gpu_uuid=grant.gpu_uuid,
+            label=grant.label,
+            milli=grant.milli,
+            memory_mib=grant.memory_mib,
+        )
+
+
+class LeaseOut(BaseModel):
+    id: str
+    state: Literal["queued", "granted", "released"]
+    user: str
+    owner_kind: str
+    owner_name: str
+    profile: str
+    priority: int
+    request: dict[str, Any]
+    node: str | None
+    devices: list[Device]
+    visible_devices: str = Field(description="the value for CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES")
+    position: int | None = Field(description="place in the queue (0 is next) while queued")
+    waiting_message: str | None = Field(description="what a waiting user reads, while queued")
+    created_at: float
+    granted_at: float | None
+    released_at: float | None
+    release_reason: str | None
+
+    @classmethod
+    def from_lease(cls, lease: Lease, waiting_message: str | None = None) -> LeaseOut:
+        return cls(
+            id=lease.id,
+            state=lease.state.value,
+            user=lease.user,
+            owner_kind=lease.owner_kind,
+            owner_name=lease.owner_name,
+            profile=lease.profile,
+            priority=lease.priority,
+            request=request_to_json(lease.request),
+            node=lease.node,
+            devices=[Device.from_grant(g) for g in lease.devices],
+            visible_devices=lease.visible_devices,
+            position=lease.position,
+            waiting_message=waiting_message,
+            created_at=lease.created_at,
+            granted_at=lease.granted_at,
+            released_at=lease.released_at,
+            release_reason=lease.release_reason,
+        )
+
+
+class ProfileOut(BaseModel):
+    slug: str
+    display_name: str
+    description: str
+    gpu: str = Field(description="the GPU ask in words: '1 × H100-80GB', 'MIG 3g.40gb', 'CPU only'")
+    cpu_milli: int
+    memory_mib: int
+    default: bool
+    available_now: int = Field(description="how many could start right now (counted up to 64)")
+    queued: int = Field(description="how many leases of this profile wait in the queue")
+    never_fits: str | None = Field(description="why the pool can never serve it, or null")
+
+    @classmethod
+    def from_profile(
+        cls, profile: Profile, available_now: int, queued: int, never_fits: str | None
+    ) -> ProfileOut:
+        return cls(
+            slug=profile.slug,
+            display_name=profile.display_name,
+            description=profile.description,
+            gpu=profile.gpu_description(),
+            cpu_milli=profile.cpu_milli,
+            memory_mib=profile.memory_mib,
+            default=profile.default,
+            available_now=available_now,
+            queued=queued,
+            never_fits=never_fits,
+        )
+
+
+class Problem(BaseModel):
+    """Every error: a machine-readable ``error`` and the sentence a user reads in ``detail``."""
+
+    error: str
+    detail: str
+    fields: list[str] = Field(default_factory=list, description="the request fields at fault, if any")
