@@ -44,7 +44,12 @@ class Allocation:
     @property
     def visible_devices(self) -> str:
         """The value for ``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES``."""
-        return ",".join(g.uuid for g in self.grants)
+        return visible_devices(self.grants)
+
+
+def visible_devices(grants: Iterable[Grant]) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` value for these grants: their ``GPU-…``/``MIG-…`` UUIDs, comma-joined."""
+    return ",".join(g.uuid for g in grants)
 
 
 @dataclass(frozen=True)

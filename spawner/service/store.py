@@ -33,7 +33,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from sqlalchemy.pool import StaticPool
 
 from ..pool.requests import GpuNeed, GpuShare, MigSlice, Request, WholeGpus
-from ..pool.state import Grant
+from ..pool.state import Grant, visible_devices
 
 OwnerKind = Literal["server", "job"]
 OWNER_KINDS: tuple[OwnerKind, ...] = ("server", "job")
@@ -79,7 +79,7 @@ class Lease:
     @property
     def visible_devices(self) -> str:
         """The value for ``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES``."""
-        return ",".join(g.uuid for g in self.devices)
+        return visible_devices(self.devices)
 
 
 @dataclass(frozen=True)
