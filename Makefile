@@ -1,4 +1,4 @@
-# gpupool: `make run` shows the pool, `make test` runs ruff, mypy and pytest. Both set up .venv first.
+# gpupool: `make run` starts the embedded hub, `make test` runs ruff, mypy and pytest. Both set up .venv first.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -14,13 +14,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/gpupool pool
+	$(BIN)/gpupool up
 
 test: lint typecheck pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check spawner widgets tests benchmarks
-	$(BIN)/ruff format --check spawner widgets tests benchmarks
+	$(BIN)/ruff check spawner widgets tests benchmarks hub_config
+	$(BIN)/ruff format --check spawner widgets tests benchmarks hub_config
 
 typecheck: $(STAMP)
 	$(BIN)/mypy spawner widgets

@@ -1,4 +1,4 @@
-"""The ``gpupool`` command: read a pool, check MIG layouts, and benchmark placement policies."""
+"""The ``gpupool`` command: run the hub, read a pool, check MIG layouts, and benchmark placement policies."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from .backends.discovery import discover_pool
 from .backends.simulated import PoolFileError
 from .bench.placement import run_placement
 from .bench.trace import TraceError, load_nodes, load_pods
+from .hub import up
 from .inventory import describe_pool, render_pool
 from .pool import mig
 from .pool.policies import POLICIES
@@ -23,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result: int = args.handler(args)
         return result
-    except (PoolFileError, TraceError, mig.NotMigCapable, mig.UnknownMigProfile) as error:
+    except (PoolFileError, TraceError, mig.NotMigCapable, mig.UnknownMigProfile, up.UpError) as error:
         print(f"gpupool: {error}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `gpupool pool --json | head`: the reader has what it wanted
@@ -34,6 +35,38 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpupool", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+
+    hub = commands.add_parser(
+        "up", help="run JupyterHub with the gpupool service on this machine (a demo login on loopback)"
+    )
+    hub.add_argument(
+        "-f",
+        dest="extra_config",
+        metavar="EXTRA_CONFIG.py",
+        action="append",
+        default=[],
+        help="a JupyterHub/gpupool config file loaded after the defaults (repeatable)",
+    )
+    hub.add_argument(
+        "--pool",
+        metavar="FILE",
+        help="a pool file (simulated backend); default: this host's GPUs, else the demo pool",
+    )
+    hub.add_argument("--ip", default="127.0.0.1", help="where users connect (default 127.0.0.1)")
+    hub.add_argument("--port", type=int, default=8000, help="the public port (default 8000)")
+    hub.add_argument(
+        "--state-dir",
+        default=".gpupool",
+        metavar="DIR",
+        help="databases, cookie secret, tokens and pid files (default .gpupool/ in the working directory)",
+    )
+    hub.add_argument(
+        "--no-demo-login",
+        dest="demo_login",
+        action="store_false",
+        help="no demo user: JupyterHub's default authenticator, or the one an -f file sets",
+    )
+    hub.set_defaults(handler=_up)
 
     pool = commands.add_parser("pool", help="show the inventory and what is free")
     pool.add_argument(
@@ -70,6 +103,19 @@ def _parser() -> argparse.ArgumentParser:
     placement.add_argument("--json", action="store_true")
     placement.set_defaults(handler=_bench_placement)
     return parser
+
+
+def _up(args: argparse.Namespace) -> int:
+    prepared = up.prepare(
+        state_dir=args.state_dir,
+        ip=args.ip,
+        port=args.port,
+        pool=args.pool,
+        extra_config=tuple(args.extra_config),
+        demo_login=args.demo_login,
+    )
+    up.run(prepared)  # does not return: this process becomes JupyterHub
+    return 0
 
 
 def _pool(args: argparse.Namespace) -> int:

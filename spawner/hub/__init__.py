@@ -1,1 +1,1 @@
-"""Hub integration: the spawn form and, later, the GPU spawners JupyterHub runs."""
+"""Hub integration: the GPU spawners, their spawn form, the service client and `gpupool up`."""

@@ -75,7 +75,10 @@ def create_app(
 
     @router.get("/profiles", summary="The profiles the caller may use, with availability")
     def get_profiles(caller: CallerDep) -> list[ProfileOut]:
-        usable = [p for p in profiles if p.visible_to(caller.groups, caller.is_admin)]
+        # The hub's spawners show every profile (with why one is closed), so they get availability for all.
+        usable = [
+            p for p in profiles if caller.acts_for_others or p.visible_to(caller.groups, caller.is_admin)
+        ]
         counts = manager.availability({p.slug: p.request() for p in usable if never_fits[p.slug] is None})
         return [
             ProfileOut.from_profile(p, *counts.get(p.slug, (0, 0)), never_fits=never_fits[p.slug])

@@ -1,0 +1,66 @@
+"""The embedded hub that ``gpupool up`` starts: one machine, one demo user, everything in one state folder.
+
+``gpupool up`` passes its options in the environment (``GPUPOOL_UP``, see ``gpupool.spawner.hub.up``); run
+directly (``jupyterhub -f hub_config/embedded.py``) it keeps its state in ``.gpupool/`` of the working
+directory. Files given with ``gpupool up -f`` are loaded last and may change anything here.
+For a shared server with system users, start from ``hub_config/jupyterhub_config.py`` instead.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from gpupool.spawner.hub import up
+
+c = get_config()  # type: ignore[name-defined]  # noqa: F821  (JupyterHub provides it)
+settings = up.UpSettings.from_env(os.environ)
+state = settings.state
+
+# Where it listens. The hub and its proxy API stay on loopback; only the proxy faces users.
+c.JupyterHub.ip = settings.ip
+c.JupyterHub.port = settings.port
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = settings.hub_port
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{settings.proxy_api_port}"
+c.ConfigurableHTTPProxy.command = [settings.proxy_command]
+
+# All state in one folder, so a restart (or another folder) is a clean, separate hub. The proxy token is
+# kept too: a proxy left running by a killed hub is then picked up again instead of blocking the port.
+c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
+c.JupyterHub.pid_file = str(state / "jupyterhub.pid")
+c.ConfigurableHTTPProxy.pid_file = str(state / "jupyterhub-proxy.pid")
+c.ConfigurableHTTPProxy.auth_token = up.read_or_create_secret(state / "proxy-auth-token")
+
+# The gpupool service owns the pool; the culler stops idle servers (their leases go back with them); the
+# spawners lease with the token of a service of their own, never with a user's token.
+c.JupyterHub.custom_scopes = up.CUSTOM_SCOPES
+c.JupyterHub.services = up.services(settings)
+c.JupyterHub.load_roles = up.roles([up.DEMO_USER] if settings.demo_login else [])
+
+# Spawners without system users: every server runs as the account that started the hub, with its home in
+# the state folder. They reach the service directly, not through the proxy.
+c.JupyterHub.spawner_class = "gpupool.spawner.hub.spawner.SimpleLocalGPUSpawner"
+c.SimpleLocalGPUSpawner.home_root = str(state / "homes")
+c.LocalGPUSpawner.service_url = settings.service_url
+c.LocalGPUSpawner.service_api_token = up.spawner_token(state)
+if os.environ.get("GPUPOOL_PROFILES"):
+    c.LocalGPUSpawner.profiles_file = os.environ["GPUPOOL_PROFILES"]
+c.Spawner.default_url = "/lab"
+# The single-user server from the same environment as the hub, whether or not that environment is on PATH.
+c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
+if os.geteuid() == 0:
+    # The embedded hub spawns servers as its own user; on a root-only dev box or CI that is root, which
+    # jupyter-server refuses without this flag. Production (jupyterhub_config.py) spawns as system users.
+    c.Spawner.args = ["--allow-root"]
+
+# The demo login: one admin user whose generated password `gpupool up` prints; only on loopback (checked by
+# `gpupool up` before it gets here). Without it, JupyterHub's default (PAM) or an -f file decides.
+if settings.demo_login:
+    c.JupyterHub.authenticator_class = "shared-password"
+    c.Authenticator.allowed_users = {up.DEMO_USER}
+    c.Authenticator.admin_users = {up.DEMO_USER}
+    c.SharedPasswordAuthenticator.admin_password = up.demo_password(state)
+
+for extra in settings.extra_config:
+    load_subconfig(extra)  # type: ignore[name-defined]  # noqa: F821

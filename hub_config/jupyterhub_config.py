@@ -1,0 +1,109 @@
+"""Production JupyterHub configuration for one multi-GPU server whose users have system accounts.
+
+Run it as root (the spawner starts each server as its user) from the hub's state folder, as a systemd unit
+with ``WorkingDirectory=/srv/jupyterhub``::
+
+    jupyterhub -f /path/to/hub_config/jupyterhub_config.py
+
+What differs from the embedded demo (``gpupool up``): users log in with their system passwords (PAM) and
+servers run as them (``LocalGPUSpawner``), the pool is this host's GPUs through NVML, the profiles file is
+yours, and the hub listens on every address, so put TLS in front of it or set ``ssl_cert``/``ssl_key``.
+Change the values marked ``EDIT``; everything else states a choice gpupool relies on.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from gpupool.spawner.hub.up import read_or_create_secret
+
+c = get_config()  # type: ignore[name-defined]  # noqa: F821  (JupyterHub provides it)
+
+STATE = Path.cwd()  # databases, cookie secret and tokens live beside each other, readable by root only
+PROFILES = os.environ.get("GPUPOOL_PROFILES", "/etc/jupyterhub/gpupool-profiles.yaml")  # EDIT
+ADMINS = {"root"}  # EDIT: who administers the hub and sees every lease
+USERS_GROUP = "gpu-users"  # EDIT: the system group whose members may log in
+
+# --- Network -------------------------------------------------------------------------------------------------
+# Users reach only the proxy. The hub and the gpupool service listen on loopback: nothing else needs them.
+c.JupyterHub.bind_url = "http://:8000"  # EDIT: behind a TLS-terminating reverse proxy, or:
+# c.JupyterHub.ssl_cert = "/etc/letsencrypt/live/gpu.example.org/fullchain.pem"
+# c.JupyterHub.ssl_key = "/etc/letsencrypt/live/gpu.example.org/privkey.pem"
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
+
+# --- Who may log in ------------------------------------------------------------------------------------------
+# PAM checks system passwords; only members of USERS_GROUP get in, so a new system account is not a new hub
+# user by accident. Admin users get JupyterHub's admin panel; the gpupool-admin role below adds the pool.
+c.JupyterHub.authenticator_class = "pam"
+c.PAMAuthenticator.allowed_groups = {USERS_GROUP}
+c.Authenticator.admin_users = ADMINS
+# Profiles restricted to groups (e.g. "training") check JupyterHub groups, not system groups: create them
+# with the admin panel or the REST API, or let the authenticator sync them (c.Authenticator.manage_groups).
+
+# --- Spawner -------------------------------------------------------------------------------------------------
+# Each server runs as its system user, pinned to the devices its lease names (CUDA_VISIBLE_DEVICES).
+# The spawner never picks a device itself: it asks the gpupool service, with a token of its own that may
+# lease for any user. The token is made once and kept beside the database, because the hub keeps every
+# config token it has ever seen: a new one per start would leave the old ones valid.
+SPAWNER_TOKEN = read_or_create_secret(STATE / "gpupool-hub-token")
+c.JupyterHub.spawner_class = "gpupool.spawner.hub.spawner.LocalGPUSpawner"
+c.LocalGPUSpawner.service_url = "http://127.0.0.1:10101/services/gpupool/"  # straight to the service
+c.LocalGPUSpawner.service_api_token = SPAWNER_TOKEN
+c.LocalGPUSpawner.profiles_file = PROFILES  # the form and the service must read the same file
+c.Spawner.default_url = "/lab"
+c.Spawner.start_timeout = 600  # a queued spawn waits up to this long for devices before it gives up
+
+# --- Services ------------------------------------------------------------------------------------------------
+c.JupyterHub.custom_scopes = {
+    "custom:gpupool:leases": {"description": "Create, read and release gpupool leases for any user"},
+    "custom:gpupool:admin": {"description": "Read and release every gpupool lease, use every profile"},
+}
+c.JupyterHub.services = [
+    {
+        # The only owner of the pool. Without GPUPOOL_POOL it reads this host's GPUs through NVML (with no
+        # driver it falls back to a simulated demo pool and says so in its log: check it after an upgrade).
+        "name": "gpupool",
+        "url": "http://127.0.0.1:10101",
+        "command": [sys.executable, "-m", "gpupool.spawner.service"],
+        "environment": {
+            "GPUPOOL_PROFILES": PROFILES,
+            # EDIT for PostgreSQL, e.g. "postgresql+psycopg://gpupool@db.example.org/gpupool"
+            "GPUPOOL_DB_URL": f"sqlite:///{STATE / 'gpupool.sqlite'}",
+        },
+        "cwd": str(STATE),
+    },
+    {
+        # Stops servers idle for an hour; their leases go back to the pool with them.
+        "name": "jupyterhub-idle-culler",
+        "command": [sys.executable, "-m", "jupyterhub_idle_culler", "--timeout=3600"],
+    },
+    {"name": "gpupool-hub", "api_token": SPAWNER_TOKEN},  # the spawners' identity towards the service
+]
+
+# --- Roles ---------------------------------------------------------------------------------------------------
+# Users may call the service (read the pool and profiles, manage their own leases) but never act for others.
+c.JupyterHub.load_roles = [
+    {"name": "user", "scopes": ["self", "access:services!service=gpupool"]},
+    {
+        "name": "gpupool-hub",
+        "scopes": ["custom:gpupool:leases", "access:services!service=gpupool"],
+        "services": ["gpupool-hub"],
+    },
+    {
+        "name": "gpupool-admin",
+        "scopes": ["custom:gpupool:admin", "access:services!service=gpupool"],
+        "users": sorted(ADMINS),
+    },
+    {
+        "name": "idle-culler",
+        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        "services": ["jupyterhub-idle-culler"],
+    },
+    {  # reconciliation: compare the leases with the servers that really run
+        "name": "gpupool-service",
+        "scopes": ["list:users", "read:servers"],
+        "services": ["gpupool"],
+    },
+]

@@ -1,0 +1,266 @@
+"""``gpupool up``: JupyterHub, its proxy, the gpupool service and the idle culler, with state in one folder.
+
+:func:`prepare` checks everything a start needs (proxy binary, pool, demo login only on loopback), creates the
+state folder and its secrets, and returns the command line and environment of the hub; :func:`run` prints
+what the user needs and then *becomes* the hub (``exec``), so Ctrl-C and SIGTERM reach JupyterHub directly
+and it stops the proxy and the services it started.
+
+The embedded configuration, ``hub_config/embedded.py``, reads the :class:`UpSettings` from the environment
+variable ``GPUPOOL_UP`` (JSON) and derives every port, path and secret from them; ``-f`` files are loaded
+after it. Internal ports follow ``--port`` as JupyterHub's defaults do for 8000: proxy API ``port + 1``,
+hub ``port + 81``, gpupool service ``port + 2101``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import secrets
+import shutil
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+from ..backends.discovery import DiscoveredPool, discover_pool
+
+ENV = "GPUPOOL_UP"
+SERVICE = "gpupool"
+SPAWNER_CLIENT = "gpupool-hub"  # the token-only service whose token the spawners use
+CULLER = "jupyterhub-idle-culler"
+DEMO_USER = "demo"
+CHP = "configurable-http-proxy"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the checkout, for an editable install
+
+CUSTOM_SCOPES = {
+    "custom:gpupool:leases": {"description": "Create, read and release gpupool leases for any user"},
+    "custom:gpupool:admin": {"description": "Read and release every gpupool lease, use every profile"},
+}
+
+
+class UpError(RuntimeError):
+    """A start-up problem the user can fix; the message says how."""
+
+
+@dataclass(frozen=True)
+class UpSettings:
+    """What ``gpupool up`` was asked for, as the embedded config receives it."""
+
+    state_dir: str
+    ip: str = "127.0.0.1"
+    port: int = 8000
+    pool: str | None = None  # a pool file; None: the service discovers (NVML, else the demo pool)
+    extra_config: tuple[str, ...] = ()
+    demo_login: bool = True
+    proxy_command: str = CHP
+
+    @property
+    def state(self) -> Path:
+        return Path(self.state_dir)
+
+    @property
+    def proxy_api_port(self) -> int:
+        return self.port + 1
+
+    @property
+    def hub_port(self) -> int:
+        return self.port + 81
+
+    @property
+    def service_port(self) -> int:
+        return self.port + 2101
+
+    @property
+    def public_url(self) -> str:
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"http://{host}:{self.port}"
+
+    @property
+    def service_url(self) -> str:
+        """Where the hub's spawners reach the service directly, prefix included."""
+        return f"http://127.0.0.1:{self.service_port}/services/{SERVICE}/"
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> UpSettings:
+        """The settings ``gpupool up`` passed; without them (``jupyterhub -f embedded.py``), defaults with
+        the state in ``.gpupool/`` of the working directory."""
+        text = env.get(ENV)
+        if not text:
+            return cls(state_dir=str(Path.cwd() / ".gpupool"), proxy_command=find_proxy())
+        data = json.loads(text)
+        data["extra_config"] = tuple(data.get("extra_config") or ())
+        return cls(**data)
+
+
+def is_loopback(ip: str) -> bool:
+    """Whether only this machine can reach ``ip`` (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if ip == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False
+
+
+def find_proxy(project: Path = PROJECT_ROOT) -> str:
+    """configurable-http-proxy from the project's ``.node/`` (``make run`` installs it there), else PATH."""
+    for folder in (
+        project / ".node" / "node_modules" / ".bin",
+        Path.cwd() / ".node" / "node_modules" / ".bin",
+    ):
+        found = shutil.which(CHP, path=str(folder))
+        if found:
+            return found
+    found = shutil.which(CHP)
+    if found:
+        return found
+    raise UpError(
+        f"{CHP} is not installed: run `make run` in the gpupool checkout (it installs it into .node/ with npm), "
+        f"or `npm install -g {CHP}`"
+    )
+
+
+def read_or_create_secret(path: Path, nbytes: int = 32) -> str:
+    """The secret stored at ``path``, made (URL-safe, readable by the owner only) on first use."""
+    if path.exists():
+        secret = path.read_text().strip()
+        if secret:
+            return secret
+    secret = secrets.token_urlsafe(nbytes)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secret + "\n")
+    return secret
+
+
+def demo_password(state: Path) -> str:
+    """The demo user's password: 32 characters or more, as JupyterHub asks of an admin password."""
+    return read_or_create_secret(state / "demo-password", 24)
+
+
+def spawner_token(state: Path) -> str:
+    """The API token the spawners call the service with (the ``gpupool-hub`` service's)."""
+    return read_or_create_secret(state / "gpupool-hub-token")
+
+
+def service_environment(settings: UpSettings) -> dict[str, str]:
+    """The gpupool service's own settings (see ``python -m gpupool.spawner.service``)."""
+    env = {"GPUPOOL_DB_URL": f"sqlite:///{settings.state / 'gpupool.sqlite'}"}
+    if settings.pool:
+        env["GPUPOOL_POOL"] = settings.pool
+    profiles = os.environ.get("GPUPOOL_PROFILES")
+    if profiles:
+        env["GPUPOOL_PROFILES"] = profiles
+    return env
+
+
+def services(settings: UpSettings) -> list[dict[str, object]]:
+    """The managed gpupool service, the managed idle culler, and the spawners' token-only service."""
+    return [
+        {
+            "name": SERVICE,
+            "url": f"http://127.0.0.1:{settings.service_port}",
+            "command": [sys.executable, "-m", "gpupool.spawner.service"],
+            "environment": service_environment(settings),
+            "cwd": str(settings.state),
+        },
+        {"name": CULLER, "command": [sys.executable, "-m", "jupyterhub_idle_culler", "--timeout=3600"]},
+        {"name": SPAWNER_CLIENT, "api_token": spawner_token(settings.state)},
+    ]
+
+
+def roles(admins: list[str]) -> list[dict[str, object]]:
+    """Users may use the service; the spawners' token may lease for anyone; admins see every lease."""
+    access = f"access:services!service={SERVICE}"
+    return [
+        {"name": "user", "scopes": ["self", access]},
+        {"name": "gpupool-hub", "scopes": ["custom:gpupool:leases", access], "services": [SPAWNER_CLIENT]},
+        {"name": "gpupool-admin", "scopes": ["custom:gpupool:admin", access], "users": admins},
+        {
+            "name": "idle-culler",
+            "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+            "services": [CULLER],
+        },
+        # the service reconciles leases with the servers that really run
+        {"name": "gpupool-service", "scopes": ["list:users", "read:servers"], "services": [SERVICE]},
+    ]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A ready start: the hub's command line and environment, and the lines to print first."""
+
+    argv: list[str]
+    env: dict[str, str]
+    messages: list[str]
+
+
+def prepare(
+    *,
+    state_dir: str | Path,
+    ip: str = "127.0.0.1",
+    port: int = 8000,
+    pool: str | None = None,
+    extra_config: tuple[str, ...] = (),
+    demo_login: bool = True,
+    environ: Mapping[str, str] = os.environ,
+) -> Prepared:
+    """Check the request, create the state folder and its secrets; raise :class:`UpError` saying what to fix."""
+    if demo_login and not is_loopback(ip):
+        raise UpError(
+            f"the demo login (one user, a printed password) only listens on this machine, not on --ip {ip}; "
+            "serve other machines with the production configuration: "
+            "`jupyterhub -f hub_config/jupyterhub_config.py` (or pass --no-demo-login and an authenticator in -f)"
+        )
+    for extra in extra_config:
+        if not Path(extra).is_file():
+            raise UpError(f"-f {extra}: no such file")
+    if pool is not None and not Path(pool).is_file():
+        raise UpError(f"--pool {pool}: no such file")
+    found = discover_pool(pool)
+    state = Path(state_dir).resolve()
+    state.mkdir(parents=True, exist_ok=True)
+    settings = UpSettings(
+        state_dir=str(state),
+        ip=ip,
+        port=port,
+        pool=str(Path(found.source).resolve()) if found.backend == "simulated" else None,
+        extra_config=tuple(str(Path(e).resolve()) for e in extra_config),
+        demo_login=demo_login,
+        proxy_command=find_proxy(),
+    )
+    messages = [*([f"gpupool: {found.note}"] if found.note else []), pool_line(found)]
+    messages.append(f"gpupool: state in {state}")
+    if demo_login:
+        messages.append(
+            f"Log in at {settings.public_url} as {DEMO_USER} with password {demo_password(state)}"
+        )
+    else:
+        messages.append(f"JupyterHub at {settings.public_url}")
+    argv = [sys.executable, "-m", "jupyterhub", "-f", str(embedded_config())]
+    env = dict(environ) | {ENV: settings.to_env()}
+    return Prepared(argv, env, messages)
+
+
+def pool_line(found: DiscoveredPool) -> str:
+    gpus = sum(len(node.gpus) for node in found.nodes)
+    kind = "simulated, not real GPUs" if found.backend == "simulated" else found.backend
+    return f"gpupool: pool from {found.source} ({kind}): {len(found.nodes)} nodes, {gpus} GPUs"
+
+
+def embedded_config() -> Path:
+    """``hub_config/embedded.py``, the configuration ``gpupool up`` starts JupyterHub with."""
+    return Path(str(resources.files("gpupool.hub_config").joinpath("embedded.py")))
+
+
+def run(prepared: Prepared) -> None:
+    """Print the start-up lines and replace this process with JupyterHub."""
+    for line in prepared.messages:
+        print(line, flush=True)
+    sys.stderr.flush()
+    os.execve(prepared.argv[0], prepared.argv, prepared.env)

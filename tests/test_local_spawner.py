@@ -1,0 +1,487 @@
+"""SimpleLocalGPUSpawner end to end: a real JupyterHub, its proxy, the gpupool service and spawned JupyterLabs.
+
+One hub for the module (DummyAuthenticator, sqlite in tmp), configurable-http-proxy from ``.node/``, the service
+as a managed JupyterHub service on a small simulated pool written here: one H100 whole, one H100 split into two
+3g.40gb MIG slices. So one ``h100`` server at a time fits, and a second one queues. Servers are started and
+stopped through the hub's REST API with an admin service token, as a user's browser or a script would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+from jupyterhub.spawner import SpawnException
+
+from gpupool.spawner.hub.spawner import SimpleLocalGPUSpawner, lease_env
+
+ROOT = Path(__file__).resolve().parent.parent
+CHP_BIN = ROOT / ".node" / "node_modules" / ".bin"
+SINGLEUSER = Path(sys.executable).parent / "jupyterhub-singleuser"
+ADMIN_TOKEN = "test-admin-token-spawner-0123456789abcdef"
+HUB_CLIENT_TOKEN = "test-hub-client-token-spawner-0123456789abcdef"
+SERVICE = "gpupool"
+
+POOL = """
+nodes:
+  - name: box-01
+    cpu: 64
+    memory: 512GiB
+    gpus: {product: H100-80GB, count: 2, nvlink: true}
+    mig:
+      1: [3g.40gb@0, 3g.40gb@4]
+"""
+
+HUB_CONFIG = """
+c = get_config()  # noqa
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {proxy_port}
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = {hub_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api_port}"
+c.JupyterHub.db_url = "sqlite:///{tmp}/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = "{tmp}/cookie_secret"
+c.JupyterHub.pid_file = "{tmp}/jupyterhub.pid"
+c.ConfigurableHTTPProxy.pid_file = "{tmp}/proxy.pid"
+c.JupyterHub.authenticator_class = "dummy"
+c.Authenticator.allow_all = True
+c.JupyterHub.cleanup_servers = True
+c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0.5}}
+c.JupyterHub.spawner_class = "gpupool.spawner.hub.spawner.SimpleLocalGPUSpawner"
+c.Spawner.cmd = [{singleuser!r}]
+c.Spawner.args = ["--allow-root"]  # harmless for other users; CI containers often run as root
+c.Spawner.start_timeout = 30
+c.Spawner.http_timeout = 30
+c.Spawner.poll_interval = 1  # notice a crashed server within a second or two
+c.SimpleLocalGPUSpawner.home_root = "{tmp}/homes"
+c.SimpleLocalGPUSpawner.service_api_token = "{hub_client_token}"
+c.SimpleLocalGPUSpawner.lease_poll_interval = 0.2
+c.JupyterHub.custom_scopes = {{
+    "custom:gpupool:leases": {{"description": "Create and release gpupool leases for any user"}},
+    "custom:gpupool:admin": {{"description": "Read and release every gpupool lease"}},
+}}
+c.JupyterHub.services = [
+    {{
+        "name": "{service}",
+        "url": "http://127.0.0.1:{service_port}",
+        "command": {command!r},
+        "environment": {environment!r},
+    }},
+    {{"name": "test-admin", "api_token": "{admin_token}"}},
+    {{"name": "hub-client", "api_token": "{hub_client_token}"}},
+]
+c.JupyterHub.load_roles = [
+    {{"name": "user", "scopes": ["self", "access:services!service={service}"]}},
+    {{
+        "name": "test-admin",
+        "scopes": ["admin:users", "admin:servers", "admin:server_state", "tokens", "custom:gpupool:admin",
+                   "access:services!service={service}"],
+        "services": ["test-admin"],
+    }},
+    {{
+        "name": "gpupool-hub",
+        "scopes": ["custom:gpupool:leases", "access:services!service={service}"],
+        "services": ["hub-client"],
+    }},
+]
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Hub:
+    url: str  # the proxy's public URL
+    tmp: Path
+    log: Path
+    pids: set[int] = field(default_factory=set)  # every single-user server seen, killed at the end
+
+    @property
+    def api(self) -> str:
+        return f"{self.url}/hub/api"
+
+    @property
+    def service_api(self) -> str:
+        return f"{self.url}/services/{SERVICE}/api/v1"
+
+    def admin(self) -> httpx.Client:
+        return httpx.Client(headers={"Authorization": f"token {ADMIN_TOKEN}"}, timeout=20)
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:]
+
+
+def _wait_for(check: Callable[[], bool], what: str, hub_log: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"{what} within {timeout}s; log:\n{hub_log.read_text(errors='replace')[-6000:]}")
+
+
+def _answers(url: str) -> Callable[[], bool]:
+    return lambda: httpx.get(url, timeout=2).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    chp = shutil.which("configurable-http-proxy", path=str(CHP_BIN))
+    if chp is None:
+        pytest.fail(f"configurable-http-proxy is not in {CHP_BIN}; run `make test` (it installs it with npm)")
+    tmp = tmp_path_factory.mktemp("spawner-hub")
+    (tmp / "pool.yaml").write_text(POOL)
+    ports = {name: _free_port() for name in ("proxy_port", "proxy_api_port", "hub_port", "service_port")}
+    service_env = {
+        "GPUPOOL_POOL": str(tmp / "pool.yaml"),
+        "GPUPOOL_DB_URL": f"sqlite:///{tmp}/gpupool.sqlite",
+    }
+    (tmp / "jupyterhub_config.py").write_text(
+        HUB_CONFIG.format(
+            tmp=tmp,
+            service=SERVICE,
+            command=[sys.executable, "-m", "gpupool.spawner.service"],
+            environment=service_env,
+            admin_token=ADMIN_TOKEN,
+            hub_client_token=HUB_CLIENT_TOKEN,
+            singleuser=str(SINGLEUSER),
+            **ports,
+        )
+    )
+    log = tmp / "hub.log"
+    env = os.environ | {"PATH": f"{CHP_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("GPUPOOL_API_TOKEN", None)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(tmp / "jupyterhub_config.py")],
+            cwd=tmp,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    hub = Hub(url=f"http://127.0.0.1:{ports['proxy_port']}", tmp=tmp, log=log)
+    try:
+        _wait_for(_answers(f"{hub.api}/"), "JupyterHub did not answer", log)
+        _wait_for(_answers(f"{hub.service_api}/openapi.json"), "the gpupool service did not answer", log)
+        with hub.admin() as admin:
+            for name in ("alice", "bob", "carol", "dave"):
+                created = admin.post(f"{hub.api}/users/{name}")
+                assert created.status_code == 201, created.text
+        yield hub
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        for pid in hub.pids:  # the hub stops its servers on exit; make sure of it, sparing a reused pid
+            with contextlib.suppress(OSError):
+                if _environ(pid).get("HOME", "").startswith(f"{tmp}/homes/"):
+                    os.killpg(pid, signal.SIGKILL)
+
+
+# ---- helpers ------------------------------------------------------------------------------------------
+
+
+def _server(hub: Hub, admin: httpx.Client, user: str) -> dict[str, Any] | None:
+    model = admin.get(f"{hub.api}/users/{user}").json()
+    server: dict[str, Any] | None = model["servers"].get("")
+    if server and server.get("state", {}).get("pid"):
+        hub.pids.add(int(server["state"]["pid"]))
+    return server
+
+
+def _start(hub: Hub, admin: httpx.Client, user: str, profile: str) -> httpx.Response:
+    response = admin.post(f"{hub.api}/users/{user}/server", json={"profile": profile})
+    assert response.status_code in (201, 202), response.text
+    return response
+
+
+def _wait_ready(hub: Hub, admin: httpx.Client, user: str, timeout: float = 40) -> dict[str, Any]:
+    def ready() -> bool:
+        server = _server(hub, admin, user)
+        return bool(server and server["ready"])
+
+    _wait_for(ready, f"{user}'s server was not ready", hub.log, timeout)
+    server = _server(hub, admin, user)
+    assert server is not None
+    return server
+
+
+def _stop(hub: Hub, admin: httpx.Client, user: str) -> None:
+    response = admin.delete(f"{hub.api}/users/{user}/server")
+    assert response.status_code in (202, 204), response.text
+    _wait_for(lambda: _server(hub, admin, user) is None, f"{user}'s server did not stop", hub.log)
+
+
+def _lease(hub: Hub, admin: httpx.Client, lease_id: str) -> dict[str, Any]:
+    response = admin.get(f"{hub.service_api}/leases/{lease_id}")
+    assert response.status_code == 200, response.text
+    lease: dict[str, Any] = response.json()
+    return lease
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {key.decode(): value.decode() for key, value in pairs}
+
+
+def _free_devices(hub: Hub, admin: httpx.Client) -> set[str]:
+    """UUIDs of every free whole GPU and MIG slice in ``GET pool``."""
+    pool = admin.get(f"{hub.service_api}/pool").json()
+    free = set()
+    for node in pool["nodes"]:
+        for gpu in node["gpus"]:
+            if gpu["mode"] == "whole" and gpu["free_milli"] == 1000 and not gpu["holders"]:
+                free.add(gpu["uuid"])
+            free.update(m["uuid"] for m in gpu.get("mig") or () if m.get("free"))
+    return free
+
+
+# ---- tests --------------------------------------------------------------------------------------------
+
+
+def test_the_spawn_form_lists_the_profiles_with_live_availability(hub: Hub) -> None:
+    with httpx.Client(base_url=hub.url, timeout=20, follow_redirects=True) as browser:
+        browser.get("/hub/login")  # sets the _xsrf cookie the login form must echo
+        login = browser.post(
+            "/hub/login?next=/hub/spawn",
+            data={"username": "dave", "password": "any", "_xsrf": browser.cookies["_xsrf"]},
+        )
+        assert login.status_code == 200, login.text[-2000:]
+        page = browser.get("/hub/spawn")
+    assert page.status_code == 200, page.text[-2000:]
+    html = page.text
+    assert 'class="gpupool-form"' in html
+    for slug in ("cpu", "mig-3g", "h100"):
+        assert f'type="radio" name="profile" id="gpupool-profile-{slug}" value="{slug}"' in html
+    assert "Simulated pool" in html
+    assert "2 could start now" in html  # two free 3g.40gb slices
+    assert "Only members of training may use this profile" in html  # h100-x4 shows why, without a radio
+    assert 'value="h100-x4"' not in html
+
+
+def test_two_users_start_at_once_and_get_disjoint_devices_pinned_in_their_environment(hub: Hub) -> None:
+    with hub.admin() as admin:
+        free_before = _free_devices(hub, admin)
+        _start(hub, admin, "alice", "mig-3g")
+        _start(hub, admin, "bob", "h100")
+        servers = {user: _wait_ready(hub, admin, user) for user in ("alice", "bob")}
+
+        leases = {user: _lease(hub, admin, s["state"]["gpupool_lease_id"]) for user, s in servers.items()}
+        assert {user: lease["user"] for user, lease in leases.items()} == {"alice": "alice", "bob": "bob"}
+        assert all(lease["state"] == "granted" for lease in leases.values())
+        uuids = {user: [d["uuid"] for d in lease["devices"]] for user, lease in leases.items()}
+        assert len(uuids["alice"]) == 1 and uuids["alice"][0].startswith("MIG-")
+        assert len(uuids["bob"]) == 1 and uuids["bob"][0].startswith("GPU-")
+        assert not set(uuids["alice"]) & set(uuids["bob"])
+        assert not (set(uuids["alice"]) | set(uuids["bob"])) & _free_devices(hub, admin)
+
+        for user, server in servers.items():
+            env = _environ(int(server["state"]["pid"]))
+            assert env["CUDA_VISIBLE_DEVICES"] == ",".join(uuids[user])
+            assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(uuids[user])
+            assert env["GPUPOOL_LEASE_ID"] == leases[user]["id"]
+            assert env["GPUPOOL_PROFILE"] == {"alice": "mig-3g", "bob": "h100"}[user]
+            assert env["GPUPOOL_SERVICE_URL"] == f"{hub.url}/services/{SERVICE}/"
+
+        _stop(hub, admin, "alice")
+        assert _lease(hub, admin, leases["alice"]["id"])["state"] == "released"
+        assert set(uuids["alice"]) <= _free_devices(hub, admin)
+        assert not set(uuids["bob"]) & _free_devices(hub, admin)  # bob still runs
+        _stop(hub, admin, "bob")
+        assert _lease(hub, admin, leases["bob"]["id"])["state"] == "released"
+        assert _free_devices(hub, admin) == free_before
+
+
+def test_an_unknown_profile_is_a_400_listing_the_valid_slugs(hub: Hub) -> None:
+    with hub.admin() as admin:
+        response = admin.post(f"{hub.api}/users/dave/server", json={"profile": "nope"})
+        assert response.status_code == 400, response.text
+        message = response.json()["message"]
+        assert "unknown profile 'nope'" in message
+        assert "mig-3g" in message and "h100" in message and "h100-x4" not in message
+        assert _server(hub, admin, "dave") is None
+        active = admin.get(f"{hub.service_api}/leases", params={"active_only": True}).json()
+        assert [lease for lease in active if lease["user"] == "dave"] == []
+
+
+def test_a_queued_user_sees_progress_and_starts_when_the_gpu_frees(hub: Hub) -> None:
+    with hub.admin() as admin:
+        _start(hub, admin, "bob", "h100")
+        bob = _wait_ready(hub, admin, "bob")
+        bob_gpu = _lease(hub, admin, bob["state"]["gpupool_lease_id"])["devices"][0]["uuid"]
+
+        events: list[dict[str, Any]] = []
+        waiting = threading.Event()
+
+        def follow() -> None:
+            url = f"{hub.api}/users/carol/server/progress"
+            with admin.stream("GET", url, timeout=60) as stream:
+                for line in stream.iter_lines():
+                    if line.startswith("data:"):
+                        events.append(json.loads(line[5:]))
+                        if "Waiting for a free" in events[-1].get("message", ""):
+                            waiting.set()
+                        if events[-1].get("ready") or events[-1].get("failed"):
+                            return
+
+        _start(hub, admin, "carol", "h100")
+        reader = threading.Thread(target=follow, daemon=True)
+        reader.start()
+        assert waiting.wait(20), f"no waiting event: {events}\n{hub.log_tail()}"
+        assert _server(hub, admin, "carol")["pending"] == "spawn"  # type: ignore[index]
+        message = next(e["message"] for e in events if "Waiting" in e.get("message", ""))
+        assert message == "Waiting for a free H100-80GB: you are next"
+
+        _stop(hub, admin, "bob")
+        carol = _wait_ready(hub, admin, "carol")
+        reader.join(10)
+        assert events[-1].get("ready"), events
+        lease = _lease(hub, admin, carol["state"]["gpupool_lease_id"])
+        assert [d["uuid"] for d in lease["devices"]] == [bob_gpu]
+        assert _environ(int(carol["state"]["pid"]))["CUDA_VISIBLE_DEVICES"] == bob_gpu
+        _stop(hub, admin, "carol")
+        assert _lease(hub, admin, lease["id"])["state"] == "released"
+
+
+def test_a_crashed_server_gives_its_lease_back(hub: Hub) -> None:
+    with hub.admin() as admin:
+        _start(hub, admin, "alice", "cpu")
+        server = _wait_ready(hub, admin, "alice")
+        lease_id = server["state"]["gpupool_lease_id"]
+        env = _environ(int(server["state"]["pid"]))
+        assert env["CUDA_VISIBLE_DEVICES"] == "" and env["NVIDIA_VISIBLE_DEVICES"] == "void"
+        os.kill(int(server["state"]["pid"]), signal.SIGKILL)
+        # nobody asks for a stop: the hub's own poll finds the process gone
+        _wait_for(
+            lambda: _server(hub, admin, "alice") is None, "alice's dead server was not noticed", hub.log
+        )
+        assert _lease(hub, admin, lease_id)["state"] == "released"
+
+
+# ---- without a hub: the spawner against a scripted service -------------------------------------------
+
+
+class ScriptedService:
+    """Stands in for :class:`ServiceClient`: every lease stays as ``state`` says; releases are counted."""
+
+    def __init__(self, state: str = "queued") -> None:
+        self.state = state
+        self.released: list[str] = []
+
+    def _lease(self, lease_id: str) -> dict[str, Any]:
+        waiting = "Waiting for a free H100-80GB: 2 ahead of you" if self.state == "queued" else None
+        return {
+            "id": lease_id,
+            "state": self.state,
+            "profile": "h100",
+            "devices": [],
+            "waiting_message": waiting,
+        }
+
+    async def create_lease(self, user: str, groups: Any, profile: str, **owner: str) -> dict[str, Any]:
+        return self._lease("L1")
+
+    async def get_lease(self, lease_id: str) -> dict[str, Any]:
+        return self._lease(lease_id)
+
+    async def release_lease(self, lease_id: str) -> dict[str, Any]:
+        self.released.append(lease_id)
+        self.state = "released"
+        return self._lease(lease_id)
+
+
+def _offline_spawner(service: ScriptedService, **config: Any) -> SimpleLocalGPUSpawner:
+    user = SimpleNamespace(name="erin", groups=[], admin=False, settings={}, url="/user/erin/")
+    spawner = SimpleLocalGPUSpawner(
+        user=user, service_api_token="t", service_url="http://127.0.0.1:9/services/gpupool/", **config
+    )
+    spawner.service = lambda: service  # type: ignore[method-assign]
+    return spawner
+
+
+def test_a_spawn_still_queued_at_start_timeout_gives_up_and_releases_its_lease() -> None:
+    service = ScriptedService("queued")
+    spawner = _offline_spawner(service, start_timeout=1, lease_poll_interval=0.05)
+    spawner.user_options = {"profile": "h100"}
+
+    async def run() -> list[dict[str, Any]]:
+        with pytest.raises(SpawnException) as refused:
+            await spawner.start()
+        assert refused.value.status_code == 503
+        assert refused.value.message == (
+            "Gave up after 1s in the queue for One H100 (Waiting for a free H100-80GB: 2 ahead of you); "
+            "try again later or choose another profile"
+        )
+        await spawner.stop()  # what the hub does next: no second release
+        return [event async for event in spawner.progress()]
+
+    events = asyncio.run(run())
+    assert service.released == ["L1"]
+    assert "Waiting for a free H100-80GB: 2 ahead of you" in [e["message"] for e in events]
+
+
+def test_a_restarted_hub_that_finds_the_server_dead_releases_its_lease_once() -> None:
+    service = ScriptedService("granted")
+    spawner = _offline_spawner(service)
+    spawner.load_state({"pid": 0, "gpupool_lease_id": "L7"})
+    assert spawner.get_state() == {"gpupool_lease_id": "L7"}
+
+    async def run() -> int | None:
+        status: int | None = await spawner.poll()
+        await spawner.stop()
+        await spawner.poll()
+        return status
+
+    assert asyncio.run(run()) == 0
+    assert service.released == ["L7"]
+    assert spawner.get_state() == {}
+
+
+def test_the_environment_names_exactly_the_lease_devices() -> None:
+    lease = {"id": "L2", "profile": "a100-pair", "devices": [{"uuid": "GPU-a"}, {"uuid": "GPU-b"}]}
+    assert lease_env(lease, "http://hub/services/gpupool/") == {
+        "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b",
+        "NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b",
+        "GPUPOOL_LEASE_ID": "L2",
+        "GPUPOOL_SERVICE_URL": "http://hub/services/gpupool/",
+        "GPUPOOL_PROFILE": "a100-pair",
+    }
+    cpu = lease_env({"id": "L3", "profile": "cpu", "devices": []}, "http://hub/services/gpupool/")
+    assert cpu["CUDA_VISIBLE_DEVICES"] == "" and cpu["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+def test_an_empty_rest_body_means_the_default_profile_and_a_forbidden_one_is_403() -> None:
+    spawner = _offline_spawner(ScriptedService())
+    assert spawner.resolve_profile({}).slug == "cpu"
+    with pytest.raises(SpawnException) as refused:
+        spawner.resolve_profile({"profile": "h100-x4"})
+    assert refused.value.status_code == 403 and "training" in refused.value.message
