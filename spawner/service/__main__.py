@@ -6,13 +6,19 @@ JupyterHub sets ``JUPYTERHUB_SERVICE_URL`` (where to listen), ``JUPYTERHUB_SERVI
 - ``GPUPOOL_POOL``: a pool file (the simulated backend); unset, the host's GPUs through NVML, or the demo pool
   when there are none;
 - ``GPUPOOL_PROFILES``: a profiles file; unset, the shipped example ``hub_config/profiles.yaml``;
-- ``GPUPOOL_DB_URL``: an SQLAlchemy URL; unset, ``gpupool.sqlite`` in the working directory.
+- ``GPUPOOL_DB_URL``: an SQLAlchemy URL; unset, ``gpupool.sqlite`` in the working directory;
+- ``GPUPOOL_RECONCILE_SECONDS``: seconds between reconciliation passes (default 60; 0 turns it off), with the
+  hub as ``JUPYTERHUB_API_TOKEN`` (scopes ``list:users`` and ``read:servers``), see :mod:`.reconcile`;
+- ``GPUPOOL_STOP_UNLEASED``: ``1`` to stop a server that runs a gpupool profile without a lease (two passes
+  in a row); it needs ``delete:servers`` too. Unset, such servers are only reported.
 
 Everything is read and checked before the port opens, so bad configuration stops the service at start-up.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Mapping
@@ -28,6 +34,7 @@ from ..files.profiles_file import EXAMPLE_PROFILES, load_profiles
 from .app import DEFAULT_PREFIX, create_app
 from .auth import Authenticator
 from .leases import LeaseManager
+from .reconcile import HubClient, reconcile_forever
 from .store import LeaseStore, sqlite_url
 
 log = logging.getLogger("gpupool.service")
@@ -49,6 +56,11 @@ def listen_address(env: Mapping[str, str]) -> Listen:
 
 def build_app(env: Mapping[str, str]) -> FastAPI:
     """The app as the environment configures it: pool, profiles, store and the hub to ask about tokens."""
+    return build(env)[0]
+
+
+def build(env: Mapping[str, str]) -> tuple[FastAPI, LeaseManager]:
+    """The app and the lease manager it serves."""
     pool = discover_pool(env.get("GPUPOOL_POOL") or None)
     if pool.note:
         log.warning("%s", pool.note)
@@ -62,7 +74,7 @@ def build_app(env: Mapping[str, str]) -> FastAPI:
     if not api_url:
         raise SystemExit("JUPYTERHUB_API_URL is not set: run the service from JupyterHub, or set it")
     name = env.get("JUPYTERHUB_SERVICE_NAME") or "gpupool"
-    return create_app(
+    app = create_app(
         manager,
         profiles,
         backend=pool.backend,
@@ -70,6 +82,41 @@ def build_app(env: Mapping[str, str]) -> FastAPI:
         auth=Authenticator(api_url, name),
         prefix=env.get("JUPYTERHUB_SERVICE_PREFIX") or DEFAULT_PREFIX,
     )
+    return app, manager
+
+
+def reconcile_seconds(env: Mapping[str, str]) -> float:
+    """``GPUPOOL_RECONCILE_SECONDS`` (default 60); 0 turns reconciliation off."""
+    raw = env.get("GPUPOOL_RECONCILE_SECONDS") or "60"
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise SystemExit(f"GPUPOOL_RECONCILE_SECONDS must be a number of seconds, got {raw!r}") from None
+    if seconds < 0 or seconds != seconds:
+        raise SystemExit(f"GPUPOOL_RECONCILE_SECONDS must be 0 (off) or more, got {raw!r}")
+    return seconds
+
+
+async def serve(server: uvicorn.Server, env: Mapping[str, str], manager: LeaseManager) -> None:
+    """Serve the API, reconciling leases with the hub's servers meanwhile (a pass now, then every interval)."""
+    interval = reconcile_seconds(env)
+    token = env.get("JUPYTERHUB_API_TOKEN")
+    if interval == 0 or not token:
+        if interval:
+            log.warning("JUPYTERHUB_API_TOKEN is not set: leases are not reconciled with the hub's servers")
+        await server.serve()
+        return
+    hub = HubClient(env.get("JUPYTERHUB_API_URL") or "", token)
+    stop_unleased = (env.get("GPUPOOL_STOP_UNLEASED") or "").lower() in ("1", "true", "yes")
+    task = asyncio.create_task(
+        reconcile_forever(manager, hub, interval=interval, stop_unleased=stop_unleased)
+    )
+    try:
+        await server.serve()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await hub.aclose()
 
 
 def main() -> None:
@@ -77,8 +124,12 @@ def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per token check is noise
     env = dict(os.environ)
     address = listen_address(env)
-    app = build_app(env)
-    uvicorn.run(app, host=address.host, port=address.port, log_level="info", access_log=False)
+    reconcile_seconds(env)  # a bad value stops the service before the port opens
+    app, manager = build(env)
+    config = uvicorn.Config(app, host=address.host, port=address.port, log_level="info", access_log=False)
+    # uvicorn re-raises the SIGINT it caught once it has shut down; uvicorn.run swallows it too
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(uvicorn.Server(config), env, manager))
 
 
 if __name__ == "__main__":

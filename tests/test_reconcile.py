@@ -1,0 +1,195 @@
+"""Reconciliation against a real JupyterHub, its proxy, the gpupool service and a spawned JupyterLab.
+
+The hub is the one of ``test_local_spawner`` (same config and pool), with the role the embedded hub gives the
+service (``list:users``, ``read:servers``) and a one-second ``GPUPOOL_RECONCILE_SECONDS``, so the running
+service's loop is watched through its API. ``reconcile_once`` is also called directly, against the same hub,
+with a manager of its own over a store in tmp: that is where unleased servers and ``stop_unleased`` show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from test_local_spawner import (
+    ADMIN_TOKEN,
+    CHP_BIN,
+    HUB_CLIENT_TOKEN,
+    HUB_CONFIG,
+    POOL,
+    SERVICE,
+    SINGLEUSER,
+    Hub,
+    _answers,
+    _environ,
+    _free_port,
+    _lease,
+    _server,
+    _start,
+    _wait_for,
+    _wait_ready,
+)
+
+from gpupool.spawner.backends.discovery import discover_pool
+from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles
+from gpupool.spawner.pool.profiles import find_profile
+from gpupool.spawner.service.leases import LeaseManager
+from gpupool.spawner.service.reconcile import SERVER_GONE, HubClient, ReconcileReport, reconcile_once
+from gpupool.spawner.service.store import LeaseState, LeaseStore, sqlite_url
+
+INTERVAL = 1.0
+SERVICE_ROLE = f"""
+c.JupyterHub.load_roles.append(
+    {{"name": "gpupool-service", "scopes": ["list:users", "read:servers"], "services": ["{SERVICE}"]}}
+)
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    tmp = tmp_path_factory.mktemp("reconcile-hub")
+    (tmp / "pool.yaml").write_text(POOL)
+    ports = {name: _free_port() for name in ("proxy_port", "proxy_api_port", "hub_port", "service_port")}
+    service_env = {
+        "GPUPOOL_POOL": str(tmp / "pool.yaml"),
+        "GPUPOOL_DB_URL": f"sqlite:///{tmp}/gpupool.sqlite",
+        "GPUPOOL_RECONCILE_SECONDS": str(INTERVAL),
+    }
+    config = HUB_CONFIG.format(
+        tmp=tmp,
+        service=SERVICE,
+        command=[sys.executable, "-m", "gpupool.spawner.service"],
+        environment=service_env,
+        admin_token=ADMIN_TOKEN,
+        hub_client_token=HUB_CLIENT_TOKEN,
+        singleuser=str(SINGLEUSER),
+        **ports,
+    )
+    (tmp / "jupyterhub_config.py").write_text(config + SERVICE_ROLE)
+    log = tmp / "hub.log"
+    env = os.environ | {"PATH": f"{CHP_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("GPUPOOL_API_TOKEN", None)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(tmp / "jupyterhub_config.py")],
+            cwd=tmp,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    hub = Hub(url=f"http://127.0.0.1:{ports['proxy_port']}", tmp=tmp, log=log)
+    try:
+        _wait_for(_answers(f"{hub.api}/"), "JupyterHub did not answer", log)
+        _wait_for(_answers(f"{hub.service_api}/openapi.json"), "the gpupool service did not answer", log)
+        with hub.admin() as admin:
+            for name in ("alice", "dave"):
+                created = admin.post(f"{hub.api}/users/{name}")
+                assert created.status_code == 201, created.text
+        yield hub
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        for pid in hub.pids:
+            with contextlib.suppress(OSError):
+                if _environ(pid).get("HOME", "").startswith(f"{tmp}/homes/"):
+                    os.killpg(pid, signal.SIGKILL)
+
+
+def _running_alice(hub: Hub, admin: httpx.Client) -> str:
+    """alice's default server running mig-3g (started when it is not): its lease id."""
+    server = _server(hub, admin, "alice")
+    if not (server and server["ready"]):
+        _start(hub, admin, "alice", "mig-3g")
+        server = _wait_ready(hub, admin, "alice")
+    lease_id: str = server["state"]["gpupool_lease_id"]
+    return lease_id
+
+
+def test_a_lease_whose_server_does_not_run_is_released_after_two_passes(hub: Hub) -> None:
+    hub_client = httpx.Client(headers={"Authorization": f"token {HUB_CLIENT_TOKEN}"}, timeout=20)
+    with hub_client, hub.admin() as admin:
+        created = hub_client.post(
+            f"{hub.service_api}/leases",
+            json={"profile": "mig-3g", "owner_kind": "server", "owner_name": "ghost", "user": "dave"},
+        )
+        assert created.status_code == 201, created.text
+        lease_id = created.json()["id"]
+        assert created.json()["state"] == "granted"
+        job = hub_client.post(
+            f"{hub.service_api}/leases",
+            json={"profile": "cpu", "owner_kind": "job", "owner_name": "train-1", "user": "dave"},
+        )
+        assert job.status_code == 201, job.text
+        asked = time.monotonic()
+
+        _wait_for(
+            lambda: _lease(hub, admin, lease_id)["state"] == "released",
+            "the ghost server's lease was not released",
+            hub.log,
+            timeout=10 * INTERVAL,
+        )
+        assert time.monotonic() - asked > 0.8 * INTERVAL  # not on the first pass that saw it
+        assert _lease(hub, admin, lease_id)["release_reason"] == SERVER_GONE
+        time.sleep(2 * INTERVAL)
+        assert _lease(hub, admin, job.json()["id"])["state"] == "granted"  # jobs are not the hub's
+        assert admin.delete(f"{hub.service_api}/leases/{job.json()['id']}").status_code == 200
+
+
+def test_a_running_server_keeps_its_lease_across_passes(hub: Hub) -> None:
+    with hub.admin() as admin:
+        lease_id = _running_alice(hub, admin)
+        time.sleep(3.5 * INTERVAL)  # three passes or more
+        assert _lease(hub, admin, lease_id)["state"] == "granted"
+        assert _server(hub, admin, "alice")["ready"]  # type: ignore[index]
+
+
+def test_reconcile_once_against_the_hub_reports_and_on_request_stops_an_unleased_server(
+    hub: Hub, tmp_path: Path
+) -> None:
+    with hub.admin() as admin:
+        service_lease = _running_alice(hub, admin)
+    # A manager over a store of its own: alice's lease is not in it, so her server runs unleased here.
+    store = LeaseStore(sqlite_url(str(tmp_path / "leases.sqlite")))
+    manager = LeaseManager(discover_pool(str(hub.tmp / "pool.yaml")).nodes, store)
+    profile = find_profile(load_profiles(EXAMPLE_PROFILES), "mig-3g")
+    ghost = manager.request_lease("dave", (), "server", "ghost", profile.slug, profile.request())
+    job = manager.request_lease("dave", (), "job", "train", profile.slug, profile.request())
+
+    async def run() -> list[ReconcileReport]:
+        hub_api = HubClient(f"{hub.api}", ADMIN_TOKEN)
+        try:
+            first = await reconcile_once(manager, hub_api)
+            second = await reconcile_once(manager, hub_api, previous=first)
+            third = await reconcile_once(manager, hub_api, previous=second, stop_unleased=True)
+            return [first, second, third]
+        finally:
+            await hub_api.aclose()
+
+    first, second, third = asyncio.run(run())
+    assert first.released == () and first.suspects == {ghost.id}
+    assert [lease.id for lease in second.released] == [ghost.id] and second.suspects == frozenset()
+    assert manager.get(ghost.id).release_reason == SERVER_GONE
+    assert manager.get(job.id).state is LeaseState.GRANTED
+
+    for report in (first, second):
+        assert [(s.user, s.name, s.profile) for s in report.unleased] == [("alice", "", "mig-3g")]
+        assert report.stopped == ()
+    assert [s.key for s in third.stopped] == [("alice", "")]
+    with hub.admin() as admin:
+        _wait_for(lambda: _server(hub, admin, "alice") is None, "alice's server was not stopped", hub.log)
+        assert _lease(hub, admin, service_lease)["state"] == "released"  # the spawner gave it back
+    store.close()
