@@ -1,0 +1,527 @@
+"""Spawn-to-ready of SimpleLocalGPUSpawner against JupyterHub's plain spawner, and the lease API under load.
+
+    .venv/bin/python benchmarks/hub_bench.py [--n 10] [--clients 50] [--lease-seconds 10]
+
+One run starts two real JupyterHubs side by side on loopback, each with its own configurable-http-proxy (from
+``.node/``) and the same configuration but for the spawner:
+
+- ``gpu``: ``SimpleLocalGPUSpawner`` plus the gpupool service on a simulated pool big enough that nothing
+  queues (two H100s, one split into two 3g.40gb slices, and plenty of CPU and memory);
+- ``plain``: JupyterHub's ``SimpleLocalProcessSpawner``, which ``SimpleLocalGPUSpawner`` extends.
+
+1. Spawn-to-ready: ``POST /hub/api/users/{u}/server`` until ``/user/{u}/api`` answers 200 through the proxy,
+   then the server is stopped (not timed) and the next one starts. Three kinds, ``plain``, ``gpu`` with the
+   CPU-only profile ``cpu`` and ``gpu`` with ``mig-3g``, alternate in a rotating order so they share the
+   machine's noise; ``--warmup`` untimed spawns of each kind come first.
+2. The lease API: ``--clients`` concurrent ``httpx.AsyncClient`` s, each looping ``POST leases`` (profile
+   ``cpu``, on behalf of a user of its own) then ``DELETE leases/{id}``, for ``--lease-seconds`` or
+   ``--lease-max-requests`` calls, through the proxy (as the spawner calls it) and then straight to the
+   service's port. The load generator runs on the same machine as the hub, proxy and service.
+
+Results go to stdout and, as a markdown table, to ``--out`` (default ``benchmarks/results/hub.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import os
+import platform
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+CHP_BIN = ROOT / ".node" / "node_modules" / ".bin"
+SINGLEUSER = Path(sys.executable).parent / "jupyterhub-singleuser"
+ADMIN_TOKEN = "bench-admin-token-0123456789abcdef0123"
+HUB_CLIENT_TOKEN = "bench-hub-client-token-0123456789abcdef"
+SERVICE = "gpupool"
+
+POOL = """
+nodes:
+  - name: bench-01
+    cpu: 1024
+    memory: 4096GiB
+    gpus: {product: H100-80GB, count: 2, nvlink: true}
+    mig:
+      1: [3g.40gb@0, 3g.40gb@4]
+"""
+
+BASE_CONFIG = """
+c = get_config()  # noqa
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {proxy_port}
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = {hub_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api_port}"
+c.JupyterHub.db_url = "sqlite:///{tmp}/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = "{tmp}/cookie_secret"
+c.JupyterHub.pid_file = "{tmp}/jupyterhub.pid"
+c.ConfigurableHTTPProxy.pid_file = "{tmp}/proxy.pid"
+c.JupyterHub.authenticator_class = "dummy"
+c.Authenticator.allow_all = True
+c.JupyterHub.cleanup_servers = True
+c.Spawner.cmd = [{singleuser!r}]
+c.Spawner.args = ["--allow-root"]  # harmless for other users; benchmark machines often run as root
+c.Spawner.start_timeout = 60
+c.Spawner.http_timeout = 60
+c.JupyterHub.services = [{{"name": "bench-admin", "api_token": "{admin_token}"}}]
+c.JupyterHub.load_roles = [
+    {{
+        "name": "bench-admin",
+        "scopes": ["admin:users", "admin:servers", "admin:server_state", "custom:gpupool:admin",
+                   "access:services"],
+        "services": ["bench-admin"],
+    }},
+]
+"""
+
+PLAIN_CONFIG = """
+c.JupyterHub.spawner_class = "jupyterhub.spawner.SimpleLocalProcessSpawner"
+c.SimpleLocalProcessSpawner.home_dir_template = "{tmp}/homes/{{username}}"
+c.JupyterHub.custom_scopes = {{"custom:gpupool:admin": {{"description": "unused here; same roles as gpu"}}}}
+"""
+
+GPU_CONFIG = """
+c.JupyterHub.spawner_class = "gpupool.spawner.hub.spawner.SimpleLocalGPUSpawner"
+c.SimpleLocalGPUSpawner.home_root = "{tmp}/homes"
+c.SimpleLocalGPUSpawner.service_api_token = "{hub_client_token}"
+c.JupyterHub.custom_scopes = {{
+    "custom:gpupool:leases": {{"description": "Create and release gpupool leases for any user"}},
+    "custom:gpupool:admin": {{"description": "Read and release every gpupool lease"}},
+}}
+c.JupyterHub.services += [
+    {{
+        "name": "{service}",
+        "url": "http://127.0.0.1:{service_port}",
+        "command": {command!r},
+        "environment": {environment!r},
+    }},
+    {{"name": "hub-client", "api_token": "{hub_client_token}"}},
+]
+c.JupyterHub.load_roles += [
+    {{"name": "user", "scopes": ["self", "access:services!service={service}"]}},
+    {{
+        "name": "gpupool-hub",
+        "scopes": ["custom:gpupool:leases", "access:services!service={service}"],
+        "services": ["hub-client"],
+    }},
+]
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_for(
+    check: Callable[[], bool],
+    what: str,
+    log: Path,
+    timeout: float = 60,
+    process: subprocess.Popen[bytes] | None = None,
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{what} did not answer: the hub exited; log:\n{_log_tail(log)}")
+        try:
+            if check():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not answer within {timeout}s; log:\n{_log_tail(log)}")
+
+
+def _log_tail(log: Path) -> str:
+    """The hub log's last lines, without the proxy's multi-line connection errors."""
+    noise = ("ConfigProxy", "    at ", "  errno", "  code:", "  syscall", "  address", "  port:", "}")
+    lines = [line for line in log.read_text(errors="replace").splitlines() if not line.startswith(noise)]
+    return "\n".join(lines[-60:])
+
+
+@dataclass
+class Hub:
+    kind: str  # "plain" or "gpu"
+    tmp: Path
+    ports: dict[str, int]
+    process: subprocess.Popen[bytes] | None = None
+    pids: set[int] = field(default_factory=set)  # single-user servers seen, killed at the end if left
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['proxy_port']}"
+
+    @property
+    def api(self) -> str:
+        return f"{self.url}/hub/api"
+
+    @property
+    def log(self) -> Path:
+        return self.tmp / "hub.log"
+
+    def start(self) -> None:
+        (self.tmp / "homes").mkdir(parents=True, exist_ok=True)
+        config = BASE_CONFIG.format(
+            tmp=self.tmp, singleuser=str(SINGLEUSER), admin_token=ADMIN_TOKEN, **self.ports
+        )
+        if self.kind == "plain":
+            config += PLAIN_CONFIG.format(tmp=self.tmp)
+        else:
+            (self.tmp / "pool.yaml").write_text(POOL)
+            config += GPU_CONFIG.format(
+                tmp=self.tmp,
+                service=SERVICE,
+                hub_client_token=HUB_CLIENT_TOKEN,
+                command=[sys.executable, "-m", "gpupool.spawner.service"],
+                environment={
+                    "GPUPOOL_POOL": str(self.tmp / "pool.yaml"),
+                    "GPUPOOL_DB_URL": f"sqlite:///{self.tmp}/gpupool.sqlite",
+                },
+                service_port=self.ports["service_port"],
+            )
+        (self.tmp / "jupyterhub_config.py").write_text(config)
+        env = os.environ | {"PATH": f"{CHP_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env.pop("GPUPOOL_API_TOKEN", None)
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "jupyterhub", "-f", str(self.tmp / "jupyterhub_config.py")],
+                cwd=self.tmp,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def wait_up(self) -> None:
+        _wait_for(
+            lambda: httpx.get(f"{self.api}/", timeout=2).status_code == 200,
+            f"the {self.kind} hub",
+            self.log,
+            process=self.process,
+        )
+        if self.kind == "gpu":
+            openapi = f"{self.url}/services/{SERVICE}/api/v1/openapi.json"
+            _wait_for(
+                lambda: httpx.get(openapi, timeout=2).status_code == 200,
+                "the gpupool service",
+                self.log,
+                process=self.process,
+            )
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(OSError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._reap_proxy()
+        for pid in self.pids:  # the hub stops its servers on exit; make sure, sparing a reused pid
+            with contextlib.suppress(OSError):
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+                if f"HOME={self.tmp}/homes/".encode() in environ:
+                    os.killpg(pid, signal.SIGKILL)
+
+    def _reap_proxy(self) -> None:
+        """Kill this hub's proxy if it outlived the hub (a hub that exits on a crashed service leaves it)."""
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((self.tmp / "proxy.pid").read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if "configurable-http-proxy" in cmdline and f"--port {self.ports['proxy_port']} " in cmdline:
+                os.kill(pid, signal.SIGTERM)
+
+
+def _server(hub: Hub, admin: httpx.Client, user: str) -> dict[str, Any] | None:
+    model = admin.get(f"{hub.api}/users/{user}")
+    model.raise_for_status()
+    server: dict[str, Any] | None = model.json()["servers"].get("")
+    if server and server.get("state", {}).get("pid"):
+        hub.pids.add(int(server["state"]["pid"]))
+    return server
+
+
+def spawn_to_ready(
+    hub: Hub, admin: httpx.Client, probe: httpx.Client, user: str, profile: str | None
+) -> float:
+    """Seconds from ``POST .../server`` until ``/user/{user}/api`` answers through the proxy; then stops it."""
+    body = {"profile": profile} if profile else None
+    started = time.perf_counter()
+    response = admin.post(f"{hub.api}/users/{user}/server", json=body)
+    if response.status_code not in (201, 202):
+        raise RuntimeError(f"{hub.kind} spawn of {user} ({profile}): {response.status_code} {response.text}")
+    deadline = started + 60
+    url = f"{hub.url}/user/{user}/api"
+    while True:
+        try:
+            answer = probe.get(url)
+            if answer.status_code == 200 and "version" in answer.json():
+                break
+        except (httpx.HTTPError, ValueError):
+            pass
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"{user}'s server not ready in 60s; log:\n{_log_tail(hub.log)}")
+        time.sleep(0.005)
+    elapsed = time.perf_counter() - started
+    _server(hub, admin, user)  # note the pid for clean-up
+    stopped = admin.delete(f"{hub.api}/users/{user}/server")
+    if stopped.status_code not in (202, 204):
+        raise RuntimeError(f"stop of {user}: {stopped.status_code} {stopped.text}")
+    _wait_for(lambda: _server(hub, admin, user) is None, f"{user}'s server did not stop", hub.log)
+    return elapsed
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1), linear between closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+async def lease_load(
+    base_url: str, clients: int, seconds: float, max_requests: int, warmup: int
+) -> dict[str, Any]:
+    """``clients`` concurrent loops of POST lease + DELETE lease; latencies per call, requests/s, errors."""
+    headers = {"Authorization": f"token {HUB_CLIENT_TOKEN}"}
+    latencies: dict[str, list[float]] = {"POST": [], "DELETE": []}
+    errors: list[str] = []
+    state = {"left": max_requests, "warm": 0, "stop_at": 0.0}
+    go = asyncio.Event()
+
+    async def one_cycle(client: httpx.AsyncClient, i: int, record: bool) -> None:
+        body = {
+            "profile": "cpu",
+            "owner_kind": "server",
+            "owner_name": f"c{i}",
+            "user": f"bench{i}",
+            "groups": [],
+        }
+        t0 = time.perf_counter()
+        created = await client.post("leases", json=body)
+        t1 = time.perf_counter()
+        if created.status_code != 201 or created.json().get("state") != "granted":
+            errors.append(f"POST {created.status_code} {created.text[:200]}")
+            return
+        t2 = time.perf_counter()
+        released = await client.delete(f"leases/{created.json()['id']}")
+        t3 = time.perf_counter()
+        if released.status_code != 200:
+            errors.append(f"DELETE {released.status_code} {released.text[:200]}")
+        if record:
+            latencies["POST"].append(t1 - t0)
+            latencies["DELETE"].append(t3 - t2)
+
+    async def worker(i: int) -> None:
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30, limits=limits) as client:
+            try:
+                for _ in range(warmup):
+                    await one_cycle(client, i, record=False)
+            finally:
+                state["warm"] += 1
+            await go.wait()
+            while time.perf_counter() < state["stop_at"] and state["left"] >= 2:
+                state["left"] -= 2
+                await one_cycle(client, i, record=True)
+
+    tasks = [asyncio.create_task(worker(i)) for i in range(clients)]
+    deadline = time.perf_counter() + 60
+    while (
+        state["warm"] < clients and time.perf_counter() < deadline
+    ):  # start measuring with every client warm
+        await asyncio.sleep(0.02)
+    began = time.perf_counter()
+    state["stop_at"] = began + seconds
+    go.set()
+    await asyncio.gather(*tasks)
+    wall = time.perf_counter() - began
+    calls = len(latencies["POST"]) + len(latencies["DELETE"])
+    return {"latencies": latencies, "errors": errors, "wall": wall, "calls": calls}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--n", type=int, default=10, help="timed spawns per kind (default 10)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed spawns per kind first (default 1)")
+    parser.add_argument("--clients", type=int, default=50, help="concurrent lease API clients (default 50)")
+    parser.add_argument(
+        "--lease-seconds", type=float, default=10.0, help="lease load per target (default 10)"
+    )
+    parser.add_argument("--lease-max-requests", type=int, default=100_000, help="cap on calls per target")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "hub.md")
+    args = parser.parse_args()
+    if shutil.which("configurable-http-proxy", path=str(CHP_BIN)) is None:
+        print(f"configurable-http-proxy is not in {CHP_BIN}; run `make test` first", file=sys.stderr)
+        return 2
+    command = shlex.join(
+        [os.path.relpath(sys.executable, ROOT), os.path.relpath(__file__, ROOT), *sys.argv[1:]]
+    )
+    run_began = time.monotonic()
+    args.load_at_start = os.getloadavg()
+
+    with tempfile.TemporaryDirectory(prefix="gpupool-hub-bench-") as scratch:
+        hubs = {}
+        for kind in ("plain", "gpu"):
+            ports = {n: _free_port() for n in ("proxy_port", "proxy_api_port", "hub_port", "service_port")}
+            hubs[kind] = Hub(kind, Path(scratch) / kind, ports)
+        try:
+            for hub in hubs.values():
+                hub.start()
+            for hub in hubs.values():
+                hub.wait_up()
+            print("hubs up", flush=True)
+            spawn = run_spawns(hubs, args.n, args.warmup)
+            leases = {}
+            gpu = hubs["gpu"]
+            targets = {
+                "through the proxy": f"{gpu.url}/services/{SERVICE}/api/v1/",
+                "straight to the service": f"http://127.0.0.1:{gpu.ports['service_port']}/services/{SERVICE}/api/v1/",
+            }
+            for name, base in targets.items():
+                print(f"lease load {name}: {args.clients} clients, {args.lease_seconds:g}s", flush=True)
+                leases[name] = asyncio.run(
+                    lease_load(base, args.clients, args.lease_seconds, args.lease_max_requests, warmup=2)
+                )
+        finally:
+            for hub in hubs.values():
+                hub.stop()
+
+    report = render(args, spawn, leases, command, time.monotonic() - run_began)
+    print(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report)
+    print(f"wrote {args.out}")
+    failed = any(r["errors"] for r in leases.values())
+    return 1 if failed else 0
+
+
+KINDS = (("plain", "plain", None), ("gpu: cpu", "gpu", "cpu"), ("gpu: mig-3g", "gpu", "mig-3g"))
+
+
+def run_spawns(hubs: dict[str, Hub], n: int, warmup: int) -> dict[str, list[float]]:
+    """``warmup`` untimed then ``n`` timed spawns of each kind, in an order that rotates every round."""
+    times: dict[str, list[float]] = {label: [] for label, _, _ in KINDS}
+    users = {"plain": "bench-plain", "gpu: cpu": "bench-cpu", "gpu: mig-3g": "bench-mig"}
+    probe = httpx.Client(timeout=5, follow_redirects=False)
+    admins = {k: httpx.Client(headers={"Authorization": f"token {ADMIN_TOKEN}"}, timeout=60) for k in hubs}
+    try:
+        for label, kind, _ in KINDS:
+            created = admins[kind].post(f"{hubs[kind].api}/users/{users[label]}")
+            if created.status_code != 201:
+                raise RuntimeError(f"creating {users[label]}: {created.status_code} {created.text}")
+        for round_ in range(warmup + n):
+            order = KINDS[round_ % 3 :] + KINDS[: round_ % 3]
+            for label, kind, profile in order:
+                seconds = spawn_to_ready(hubs[kind], admins[kind], probe, users[label], profile)
+                if round_ >= warmup:
+                    times[label].append(seconds)
+            done = "warm-up" if round_ < warmup else f"{round_ - warmup + 1}/{n}"
+            print(
+                f"spawn round {done}: " + ", ".join(f"{k} {v[-1]:.3f}s" for k, v in times.items() if v),
+                flush=True,
+            )
+    finally:
+        probe.close()
+        for admin in admins.values():
+            admin.close()
+    return times
+
+
+def render(
+    args: argparse.Namespace,
+    spawn: dict[str, list[float]],
+    leases: dict[str, dict[str, Any]],
+    command: str,
+    runtime: float,
+) -> str:
+    plain = statistics.median(spawn["plain"])
+    lines = [
+        "# Hub benchmarks: spawn-to-ready and the lease API",
+        "",
+        f"- Date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- Machine: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), {platform.machine()}, "
+        f"Python {platform.python_version()}, {platform.system()} {platform.release()}; load average at the "
+        f"start {args.load_at_start[0]:.2f} (other work on the machine adds noise to both sides alike)",
+        f"- Command: `{command}` (total {runtime:.0f} s)",
+        "- Everything on loopback, one machine: two JupyterHubs (plain and gpupool) each with its own "
+        "configurable-http-proxy, the gpupool service on a simulated pool where nothing queues, and the "
+        "load generator.",
+        "",
+        f"## Spawn-to-ready (N={args.n} each, {args.warmup} warm-up, kinds alternating in a rotating order)",
+        "",
+        "From `POST /hub/api/users/{u}/server` until `/user/{u}/api` answers 200 through the proxy.",
+        "",
+        "| Spawner | profile | median (s) | p90 (s) | min (s) | added over plain (median) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for label, _, profile in KINDS:
+        values = spawn[label]
+        median = statistics.median(values)
+        spawner = "SimpleLocalProcessSpawner" if label == "plain" else "SimpleLocalGPUSpawner"
+        added = (
+            "—"
+            if label == "plain"
+            else f"{(median - plain) / plain * 100:+.1f}% ({(median - plain) * 1000:+.0f} ms)"
+        )
+        lines.append(
+            f"| {spawner} | {profile or '—'} | {median:.3f} | {quantile(values, 0.9):.3f} | {min(values):.3f} | {added} |"
+        )
+    lines += [
+        "",
+        "Target (issue 3): under 5% added.",
+        "",
+        f"## Lease API under {args.clients} concurrent clients",
+        "",
+        f"Each client (its own `httpx.AsyncClient`, one connection) loops `POST leases` (profile `cpu`, "
+        f"on behalf of a user of its own) then `DELETE leases/{{id}}`, for {args.lease_seconds:g} s after "
+        "2 warm-up cycles each; the hub's service token, as the spawner uses.",
+        "",
+        "| Target | calls | requests/s | POST p50 (ms) | POST p99 (ms) | DELETE p50 (ms) | DELETE p99 (ms) | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, result in leases.items():
+        post, delete = result["latencies"]["POST"], result["latencies"]["DELETE"]
+        if not post:
+            lines.append(f"| {name} | 0 | — | — | — | — | — | {len(result['errors'])} |")
+            continue
+        lines.append(
+            f"| {name} | {result['calls']} | {result['calls'] / result['wall']:.0f} | "
+            f"{quantile(post, 0.5) * 1000:.1f} | {quantile(post, 0.99) * 1000:.1f} | "
+            f"{quantile(delete, 0.5) * 1000:.1f} | {quantile(delete, 0.99) * 1000:.1f} | {len(result['errors'])} |"
+        )
+    lines += ["", "Target (issue 3): p99 under 20 ms.", ""]
+    for name, result in leases.items():
+        if result["errors"]:
+            lines.append(f"First error {name}: `{result['errors'][0]}`")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
