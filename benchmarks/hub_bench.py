@@ -25,32 +25,43 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
 import os
 import platform
 import shlex
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-CHP_BIN = ROOT / ".node" / "node_modules" / ".bin"
-SINGLEUSER = Path(sys.executable).parent / "jupyterhub-singleuser"
+sys.path.insert(0, str(ROOT / "tests"))  # the hub harness the end-to-end tests use lives in tests/
+from hub_harness import (  # noqa: E402
+    CHP_BIN,
+    GPU_SPAWNER,
+    SERVICE,
+    RunningHub,
+    free_ports,
+    log_tail,
+    wait_for,
+    write_hub_config,
+)
+
 ADMIN_TOKEN = "bench-admin-token-0123456789abcdef0123"
 HUB_CLIENT_TOKEN = "bench-hub-client-token-0123456789abcdef"
-SERVICE = "gpupool"
+ADMIN_SCOPES = (
+    "admin:users",
+    "admin:servers",
+    "admin:server_state",
+    "custom:gpupool:admin",
+    "access:services",
+)
 
 POOL = """
 nodes:
@@ -62,199 +73,42 @@ nodes:
       1: [3g.40gb@0, 3g.40gb@4]
 """
 
-BASE_CONFIG = """
-c = get_config()  # noqa
-c.JupyterHub.ip = "127.0.0.1"
-c.JupyterHub.port = {proxy_port}
-c.JupyterHub.hub_ip = "127.0.0.1"
-c.JupyterHub.hub_port = {hub_port}
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api_port}"
-c.JupyterHub.db_url = "sqlite:///{tmp}/jupyterhub.sqlite"
-c.JupyterHub.cookie_secret_file = "{tmp}/cookie_secret"
-c.JupyterHub.pid_file = "{tmp}/jupyterhub.pid"
-c.ConfigurableHTTPProxy.pid_file = "{tmp}/proxy.pid"
-c.JupyterHub.authenticator_class = "dummy"
-c.Authenticator.allow_all = True
-c.JupyterHub.cleanup_servers = True
-c.Spawner.cmd = [{singleuser!r}]
-c.Spawner.args = ["--allow-root"]  # harmless for other users; benchmark machines often run as root
-c.Spawner.start_timeout = 60
-c.Spawner.http_timeout = 60
-c.JupyterHub.services = [{{"name": "bench-admin", "api_token": "{admin_token}"}}]
-c.JupyterHub.load_roles = [
-    {{
-        "name": "bench-admin",
-        "scopes": ["admin:users", "admin:servers", "admin:server_state", "custom:gpupool:admin",
-                   "access:services"],
-        "services": ["bench-admin"],
-    }},
-]
-"""
 
-PLAIN_CONFIG = """
-c.JupyterHub.spawner_class = "jupyterhub.spawner.SimpleLocalProcessSpawner"
-c.SimpleLocalProcessSpawner.home_dir_template = "{tmp}/homes/{{username}}"
-c.JupyterHub.custom_scopes = {{"custom:gpupool:admin": {{"description": "unused here; same roles as gpu"}}}}
-"""
+class Hub(RunningHub):
+    """One benchmarked hub: ``plain`` (JupyterHub's SimpleLocalProcessSpawner) or ``gpu`` (gpupool's)."""
 
-GPU_CONFIG = """
-c.JupyterHub.spawner_class = "gpupool.spawner.hub.spawner.SimpleLocalGPUSpawner"
-c.SimpleLocalGPUSpawner.home_root = "{tmp}/homes"
-c.SimpleLocalGPUSpawner.service_api_token = "{hub_client_token}"
-c.JupyterHub.custom_scopes = {{
-    "custom:gpupool:leases": {{"description": "Create and release gpupool leases for any user"}},
-    "custom:gpupool:admin": {{"description": "Read and release every gpupool lease"}},
-}}
-c.JupyterHub.services += [
-    {{
-        "name": "{service}",
-        "url": "http://127.0.0.1:{service_port}",
-        "command": {command!r},
-        "environment": {environment!r},
-    }},
-    {{"name": "hub-client", "api_token": "{hub_client_token}"}},
-]
-c.JupyterHub.load_roles += [
-    {{"name": "user", "scopes": ["self", "access:services!service={service}"]}},
-    {{
-        "name": "gpupool-hub",
-        "scopes": ["custom:gpupool:leases", "access:services!service={service}"],
-        "services": ["hub-client"],
-    }},
-]
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _wait_for(
-    check: Callable[[], bool],
-    what: str,
-    log: Path,
-    timeout: float = 60,
-    process: subprocess.Popen[bytes] | None = None,
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"{what} did not answer: the hub exited; log:\n{_log_tail(log)}")
-        try:
-            if check():
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} did not answer within {timeout}s; log:\n{_log_tail(log)}")
+    def __init__(self, kind: str, tmp: Path, ports: dict[str, int]) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        super().__init__(tmp, ports, ADMIN_TOKEN, service=kind == "gpu", startup_timeout=60, stop_timeout=30)
+        self.kind = kind
+        common: dict[str, Any] = {"admin_token": ADMIN_TOKEN, "admin_name": "bench-admin"}
+        common |= {"admin_scopes": ADMIN_SCOPES, "spawn_timeout": 60}
+        if kind == "plain":
+            plain = f'c.SimpleLocalProcessSpawner.home_dir_template = "{tmp}/homes/{{username}}"'
+            spawner = "jupyterhub.spawner.SimpleLocalProcessSpawner"
+            write_hub_config(tmp, ports, spawner_class=spawner, extra_config=[plain], **common)
+        else:
+            (tmp / "pool.yaml").write_text(POOL)
+            write_hub_config(
+                tmp,
+                ports,
+                spawner_class=GPU_SPAWNER,
+                pool_file=tmp / "pool.yaml",
+                hub_client_token=HUB_CLIENT_TOKEN,
+                **common,
+            )
 
 
 def _log_tail(log: Path) -> str:
-    """The hub log's last lines, without the proxy's multi-line connection errors."""
-    noise = ("ConfigProxy", "    at ", "  errno", "  code:", "  syscall", "  address", "  port:", "}")
-    lines = [line for line in log.read_text(errors="replace").splitlines() if not line.startswith(noise)]
-    return "\n".join(lines[-60:])
+    return log_tail(log, chars=100_000)
 
 
-@dataclass
-class Hub:
-    kind: str  # "plain" or "gpu"
-    tmp: Path
-    ports: dict[str, int]
-    process: subprocess.Popen[bytes] | None = None
-    pids: set[int] = field(default_factory=set)  # single-user servers seen, killed at the end if left
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.ports['proxy_port']}"
-
-    @property
-    def api(self) -> str:
-        return f"{self.url}/hub/api"
-
-    @property
-    def log(self) -> Path:
-        return self.tmp / "hub.log"
-
-    def start(self) -> None:
-        (self.tmp / "homes").mkdir(parents=True, exist_ok=True)
-        config = BASE_CONFIG.format(
-            tmp=self.tmp, singleuser=str(SINGLEUSER), admin_token=ADMIN_TOKEN, **self.ports
-        )
-        if self.kind == "plain":
-            config += PLAIN_CONFIG.format(tmp=self.tmp)
-        else:
-            (self.tmp / "pool.yaml").write_text(POOL)
-            config += GPU_CONFIG.format(
-                tmp=self.tmp,
-                service=SERVICE,
-                hub_client_token=HUB_CLIENT_TOKEN,
-                command=[sys.executable, "-m", "gpupool.spawner.service"],
-                environment={
-                    "GPUPOOL_POOL": str(self.tmp / "pool.yaml"),
-                    "GPUPOOL_DB_URL": f"sqlite:///{self.tmp}/gpupool.sqlite",
-                },
-                service_port=self.ports["service_port"],
-            )
-        (self.tmp / "jupyterhub_config.py").write_text(config)
-        env = os.environ | {"PATH": f"{CHP_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-        env.pop("GPUPOOL_API_TOKEN", None)
-        with self.log.open("wb") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "jupyterhub", "-f", str(self.tmp / "jupyterhub_config.py")],
-                cwd=self.tmp,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def wait_up(self) -> None:
-        _wait_for(
-            lambda: httpx.get(f"{self.api}/", timeout=2).status_code == 200,
-            f"the {self.kind} hub",
-            self.log,
-            process=self.process,
-        )
-        if self.kind == "gpu":
-            openapi = f"{self.url}/services/{SERVICE}/api/v1/openapi.json"
-            _wait_for(
-                lambda: httpx.get(openapi, timeout=2).status_code == 200,
-                "the gpupool service",
-                self.log,
-                process=self.process,
-            )
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(OSError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        self._reap_proxy()
-        for pid in self.pids:  # the hub stops its servers on exit; make sure, sparing a reused pid
-            with contextlib.suppress(OSError):
-                environ = Path(f"/proc/{pid}/environ").read_bytes()
-                if f"HOME={self.tmp}/homes/".encode() in environ:
-                    os.killpg(pid, signal.SIGKILL)
-
-    def _reap_proxy(self) -> None:
-        """Kill this hub's proxy if it outlived the hub (a hub that exits on a crashed service leaves it)."""
-        with contextlib.suppress(OSError, ValueError):
-            pid = int((self.tmp / "proxy.pid").read_text().strip())
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if "configurable-http-proxy" in cmdline and f"--port {self.ports['proxy_port']} " in cmdline:
-                os.kill(pid, signal.SIGTERM)
+def _wait_for(check: Callable[[], bool], what: str, log: Path, timeout: float = 60) -> None:
+    wait_for(check, what, log, timeout)
 
 
 def _server(hub: Hub, admin: httpx.Client, user: str) -> dict[str, Any] | None:
-    model = admin.get(f"{hub.api}/users/{user}")
+    model = admin.get(f"{hub.hub_api}/users/{user}")
     model.raise_for_status()
     server: dict[str, Any] | None = model.json()["servers"].get("")
     if server and server.get("state", {}).get("pid"):
@@ -268,7 +122,7 @@ def spawn_to_ready(
     """Seconds from ``POST .../server`` until ``/user/{user}/api`` answers through the proxy; then stops it."""
     body = {"profile": profile} if profile else None
     started = time.perf_counter()
-    response = admin.post(f"{hub.api}/users/{user}/server", json=body)
+    response = admin.post(f"{hub.hub_api}/users/{user}/server", json=body)
     if response.status_code not in (201, 202):
         raise RuntimeError(f"{hub.kind} spawn of {user} ({profile}): {response.status_code} {response.text}")
     deadline = started + 60
@@ -285,7 +139,7 @@ def spawn_to_ready(
         time.sleep(0.005)
     elapsed = time.perf_counter() - started
     _server(hub, admin, user)  # note the pid for clean-up
-    stopped = admin.delete(f"{hub.api}/users/{user}/server")
+    stopped = admin.delete(f"{hub.hub_api}/users/{user}/server")
     if stopped.status_code not in (202, 204):
         raise RuntimeError(f"stop of {user}: {stopped.status_code} {stopped.text}")
     _wait_for(lambda: _server(hub, admin, user) is None, f"{user}'s server did not stop", hub.log)
@@ -389,7 +243,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpupool-hub-bench-") as scratch:
         hubs = {}
         for kind in ("plain", "gpu"):
-            ports = {n: _free_port() for n in ("proxy_port", "proxy_api_port", "hub_port", "service_port")}
+            ports = free_ports()
             hubs[kind] = Hub(kind, Path(scratch) / kind, ports)
         try:
             for hub in hubs.values():
@@ -433,7 +287,7 @@ def run_spawns(hubs: dict[str, Hub], n: int, warmup: int) -> dict[str, list[floa
     admins = {k: httpx.Client(headers={"Authorization": f"token {ADMIN_TOKEN}"}, timeout=60) for k in hubs}
     try:
         for label, kind, _ in KINDS:
-            created = admins[kind].post(f"{hubs[kind].api}/users/{users[label]}")
+            created = admins[kind].post(f"{hubs[kind].hub_api}/users/{users[label]}")
             if created.status_code != 201:
                 raise RuntimeError(f"creating {users[label]}: {created.status_code} {created.text}")
         for round_ in range(warmup + n):

@@ -9,34 +9,41 @@ stopped through the hub's REST API with an admin service token, as a user's brow
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import shutil
 import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
+from hub_harness import (
+    GPU_SPAWNER,
+    SERVICE,
+    RunningHub,
+    environ_of,
+    free_ports,
+    wait_for,
+    write_hub_config,
+)
 from jupyterhub.spawner import SpawnException
 
 from gpupool.spawner.hub.spawner import SimpleLocalGPUSpawner, lease_env
 
-ROOT = Path(__file__).resolve().parent.parent
-CHP_BIN = ROOT / ".node" / "node_modules" / ".bin"
-SINGLEUSER = Path(sys.executable).parent / "jupyterhub-singleuser"
 ADMIN_TOKEN = "test-admin-token-spawner-0123456789abcdef"
 HUB_CLIENT_TOKEN = "test-hub-client-token-spawner-0123456789abcdef"
-SERVICE = "gpupool"
+ADMIN_SCOPES = (
+    "admin:users",
+    "admin:servers",
+    "admin:server_state",
+    "tokens",
+    "custom:gpupool:admin",
+    f"access:services!service={SERVICE}",
+)
+Hub = RunningHub
 
 POOL = """
 nodes:
@@ -48,169 +55,53 @@ nodes:
       1: [3g.40gb@0, 3g.40gb@4]
 """
 
-HUB_CONFIG = """
-c = get_config()  # noqa
-c.JupyterHub.ip = "127.0.0.1"
-c.JupyterHub.port = {proxy_port}
-c.JupyterHub.hub_ip = "127.0.0.1"
-c.JupyterHub.hub_port = {hub_port}
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api_port}"
-c.JupyterHub.db_url = "sqlite:///{tmp}/jupyterhub.sqlite"
-c.JupyterHub.cookie_secret_file = "{tmp}/cookie_secret"
-c.JupyterHub.pid_file = "{tmp}/jupyterhub.pid"
-c.ConfigurableHTTPProxy.pid_file = "{tmp}/proxy.pid"
-c.JupyterHub.authenticator_class = "dummy"
-c.Authenticator.allow_all = True
-c.JupyterHub.cleanup_servers = True
-c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0.5}}
-c.JupyterHub.spawner_class = "gpupool.spawner.hub.spawner.SimpleLocalGPUSpawner"
-c.Spawner.cmd = [{singleuser!r}]
-c.Spawner.args = ["--allow-root"]  # harmless for other users; CI containers often run as root
-c.Spawner.start_timeout = 30
-c.Spawner.http_timeout = 30
-c.Spawner.poll_interval = 1  # notice a crashed server within a second or two
-c.SimpleLocalGPUSpawner.home_root = "{tmp}/homes"
-c.SimpleLocalGPUSpawner.service_api_token = "{hub_client_token}"
-c.SimpleLocalGPUSpawner.lease_poll_interval = 0.2
-c.JupyterHub.custom_scopes = {{
-    "custom:gpupool:leases": {{"description": "Create and release gpupool leases for any user"}},
-    "custom:gpupool:admin": {{"description": "Read and release every gpupool lease"}},
-}}
-c.JupyterHub.services = [
-    {{
-        "name": "{service}",
-        "url": "http://127.0.0.1:{service_port}",
-        "command": {command!r},
-        "environment": {environment!r},
-    }},
-    {{"name": "test-admin", "api_token": "{admin_token}"}},
-    {{"name": "hub-client", "api_token": "{hub_client_token}"}},
-]
-c.JupyterHub.load_roles = [
-    {{"name": "user", "scopes": ["self", "access:services!service={service}"]}},
-    {{
-        "name": "test-admin",
-        "scopes": ["admin:users", "admin:servers", "admin:server_state", "tokens", "custom:gpupool:admin",
-                   "access:services!service={service}"],
-        "services": ["test-admin"],
-    }},
-    {{
-        "name": "gpupool-hub",
-        "scopes": ["custom:gpupool:leases", "access:services!service={service}"],
-        "services": ["hub-client"],
-    }},
-]
-"""
+SPAWNER_CONFIG = (
+    'c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0.5}',
+    "c.Spawner.poll_interval = 1  # notice a crashed server within a second or two",
+    "c.SimpleLocalGPUSpawner.lease_poll_interval = 0.2",
+)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@dataclass
-class Hub:
-    url: str  # the proxy's public URL
-    tmp: Path
-    log: Path
-    pids: set[int] = field(default_factory=set)  # every single-user server seen, killed at the end
-
-    @property
-    def api(self) -> str:
-        return f"{self.url}/hub/api"
-
-    @property
-    def service_api(self) -> str:
-        return f"{self.url}/services/{SERVICE}/api/v1"
-
-    def admin(self) -> httpx.Client:
-        return httpx.Client(headers={"Authorization": f"token {ADMIN_TOKEN}"}, timeout=20)
-
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-6000:]
+def spawner_hub(
+    tmp: Path,
+    users: Iterable[str],
+    service_env: Mapping[str, str] | None = None,
+    extra_config: Iterable[str] = (),
+) -> Iterator[Hub]:
+    """The running hub of this module (also ``test_reconcile``'s) on ``POOL``, with ``users`` created."""
+    (tmp / "pool.yaml").write_text(POOL)
+    ports = free_ports()
+    write_hub_config(
+        tmp,
+        ports,
+        admin_token=ADMIN_TOKEN,
+        admin_scopes=ADMIN_SCOPES,
+        pool_file=tmp / "pool.yaml",
+        service_env=service_env,
+        hub_client_token=HUB_CLIENT_TOKEN,
+        spawner_class=GPU_SPAWNER,
+        extra_config=[*SPAWNER_CONFIG, *extra_config],
+    )
+    with RunningHub(tmp, ports, ADMIN_TOKEN, fail=pytest.fail) as hub:
+        for name in users:
+            hub.create_user(name)
+        yield hub
 
 
 def _wait_for(check: Callable[[], bool], what: str, hub_log: Path, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"{what} within {timeout}s; log:\n{hub_log.read_text(errors='replace')[-6000:]}")
-
-
-def _answers(url: str) -> Callable[[], bool]:
-    return lambda: httpx.get(url, timeout=2).status_code == 200
+    wait_for(check, what, hub_log, timeout, fail=pytest.fail)
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    chp = shutil.which("configurable-http-proxy", path=str(CHP_BIN))
-    if chp is None:
-        pytest.fail(f"configurable-http-proxy is not in {CHP_BIN}; run `make test` (it installs it with npm)")
-    tmp = tmp_path_factory.mktemp("spawner-hub")
-    (tmp / "pool.yaml").write_text(POOL)
-    ports = {name: _free_port() for name in ("proxy_port", "proxy_api_port", "hub_port", "service_port")}
-    service_env = {
-        "GPUPOOL_POOL": str(tmp / "pool.yaml"),
-        "GPUPOOL_DB_URL": f"sqlite:///{tmp}/gpupool.sqlite",
-    }
-    (tmp / "jupyterhub_config.py").write_text(
-        HUB_CONFIG.format(
-            tmp=tmp,
-            service=SERVICE,
-            command=[sys.executable, "-m", "gpupool.spawner.service"],
-            environment=service_env,
-            admin_token=ADMIN_TOKEN,
-            hub_client_token=HUB_CLIENT_TOKEN,
-            singleuser=str(SINGLEUSER),
-            **ports,
-        )
-    )
-    log = tmp / "hub.log"
-    env = os.environ | {"PATH": f"{CHP_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env.pop("GPUPOOL_API_TOKEN", None)
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(tmp / "jupyterhub_config.py")],
-            cwd=tmp,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    hub = Hub(url=f"http://127.0.0.1:{ports['proxy_port']}", tmp=tmp, log=log)
-    try:
-        _wait_for(_answers(f"{hub.api}/"), "JupyterHub did not answer", log)
-        _wait_for(_answers(f"{hub.service_api}/openapi.json"), "the gpupool service did not answer", log)
-        with hub.admin() as admin:
-            for name in ("alice", "bob", "carol", "dave"):
-                created = admin.post(f"{hub.api}/users/{name}")
-                assert created.status_code == 201, created.text
-        yield hub
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        for pid in hub.pids:  # the hub stops its servers on exit; make sure of it, sparing a reused pid
-            with contextlib.suppress(OSError):
-                if _environ(pid).get("HOME", "").startswith(f"{tmp}/homes/"):
-                    os.killpg(pid, signal.SIGKILL)
+    yield from spawner_hub(tmp_path_factory.mktemp("spawner-hub"), ("alice", "bob", "carol", "dave"))
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
 
 
 def _server(hub: Hub, admin: httpx.Client, user: str) -> dict[str, Any] | None:
-    model = admin.get(f"{hub.api}/users/{user}").json()
+    model = admin.get(f"{hub.hub_api}/users/{user}").json()
     server: dict[str, Any] | None = model["servers"].get("")
     if server and server.get("state", {}).get("pid"):
         hub.pids.add(int(server["state"]["pid"]))
@@ -218,7 +109,7 @@ def _server(hub: Hub, admin: httpx.Client, user: str) -> dict[str, Any] | None:
 
 
 def _start(hub: Hub, admin: httpx.Client, user: str, profile: str) -> httpx.Response:
-    response = admin.post(f"{hub.api}/users/{user}/server", json={"profile": profile})
+    response = admin.post(f"{hub.hub_api}/users/{user}/server", json={"profile": profile})
     assert response.status_code in (201, 202), response.text
     return response
 
@@ -235,7 +126,7 @@ def _wait_ready(hub: Hub, admin: httpx.Client, user: str, timeout: float = 40) -
 
 
 def _stop(hub: Hub, admin: httpx.Client, user: str) -> None:
-    response = admin.delete(f"{hub.api}/users/{user}/server")
+    response = admin.delete(f"{hub.hub_api}/users/{user}/server")
     assert response.status_code in (202, 204), response.text
     _wait_for(lambda: _server(hub, admin, user) is None, f"{user}'s server did not stop", hub.log)
 
@@ -247,10 +138,7 @@ def _lease(hub: Hub, admin: httpx.Client, lease_id: str) -> dict[str, Any]:
     return lease
 
 
-def _environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {key.decode(): value.decode() for key, value in pairs}
+_environ = environ_of
 
 
 def _free_devices(hub: Hub, admin: httpx.Client) -> set[str]:
@@ -323,7 +211,7 @@ def test_two_users_start_at_once_and_get_disjoint_devices_pinned_in_their_enviro
 
 def test_an_unknown_profile_is_a_400_listing_the_valid_slugs(hub: Hub) -> None:
     with hub.admin() as admin:
-        response = admin.post(f"{hub.api}/users/dave/server", json={"profile": "nope"})
+        response = admin.post(f"{hub.hub_api}/users/dave/server", json={"profile": "nope"})
         assert response.status_code == 400, response.text
         message = response.json()["message"]
         assert "unknown profile 'nope'" in message
@@ -343,7 +231,7 @@ def test_a_queued_user_sees_progress_and_starts_when_the_gpu_frees(hub: Hub) -> 
         waiting = threading.Event()
 
         def follow() -> None:
-            url = f"{hub.api}/users/carol/server/progress"
+            url = f"{hub.hub_api}/users/carol/server/progress"
             with admin.stream("GET", url, timeout=60) as stream:
                 for line in stream.iter_lines():
                     if line.startswith("data:"):

@@ -9,34 +9,23 @@ with a manager of its own over a store in tmp: that is where unleased servers an
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from hub_harness import SERVICE
 from test_local_spawner import (
     ADMIN_TOKEN,
-    CHP_BIN,
     HUB_CLIENT_TOKEN,
-    HUB_CONFIG,
-    POOL,
-    SERVICE,
-    SINGLEUSER,
     Hub,
-    _answers,
-    _environ,
-    _free_port,
     _lease,
     _server,
     _start,
     _wait_for,
     _wait_ready,
+    spawner_hub,
 )
 
 from gpupool.spawner.backends.discovery import discover_pool
@@ -56,57 +45,12 @@ c.JupyterHub.load_roles.append(
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    tmp = tmp_path_factory.mktemp("reconcile-hub")
-    (tmp / "pool.yaml").write_text(POOL)
-    ports = {name: _free_port() for name in ("proxy_port", "proxy_api_port", "hub_port", "service_port")}
-    service_env = {
-        "GPUPOOL_POOL": str(tmp / "pool.yaml"),
-        "GPUPOOL_DB_URL": f"sqlite:///{tmp}/gpupool.sqlite",
-        "GPUPOOL_RECONCILE_SECONDS": str(INTERVAL),
-    }
-    config = HUB_CONFIG.format(
-        tmp=tmp,
-        service=SERVICE,
-        command=[sys.executable, "-m", "gpupool.spawner.service"],
-        environment=service_env,
-        admin_token=ADMIN_TOKEN,
-        hub_client_token=HUB_CLIENT_TOKEN,
-        singleuser=str(SINGLEUSER),
-        **ports,
+    yield from spawner_hub(
+        tmp_path_factory.mktemp("reconcile-hub"),
+        ("alice", "dave"),
+        service_env={"GPUPOOL_RECONCILE_SECONDS": str(INTERVAL)},
+        extra_config=[SERVICE_ROLE],
     )
-    (tmp / "jupyterhub_config.py").write_text(config + SERVICE_ROLE)
-    log = tmp / "hub.log"
-    env = os.environ | {"PATH": f"{CHP_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    env.pop("GPUPOOL_API_TOKEN", None)
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(tmp / "jupyterhub_config.py")],
-            cwd=tmp,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    hub = Hub(url=f"http://127.0.0.1:{ports['proxy_port']}", tmp=tmp, log=log)
-    try:
-        _wait_for(_answers(f"{hub.api}/"), "JupyterHub did not answer", log)
-        _wait_for(_answers(f"{hub.service_api}/openapi.json"), "the gpupool service did not answer", log)
-        with hub.admin() as admin:
-            for name in ("alice", "dave"):
-                created = admin.post(f"{hub.api}/users/{name}")
-                assert created.status_code == 201, created.text
-        yield hub
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        for pid in hub.pids:
-            with contextlib.suppress(OSError):
-                if _environ(pid).get("HOME", "").startswith(f"{tmp}/homes/"):
-                    os.killpg(pid, signal.SIGKILL)
 
 
 def _running_alice(hub: Hub, admin: httpx.Client) -> str:
@@ -170,7 +114,7 @@ def test_reconcile_once_against_the_hub_reports_and_on_request_stops_an_unleased
     job = manager.request_lease("dave", (), "job", "train", profile.slug, profile.request())
 
     async def run() -> list[ReconcileReport]:
-        hub_api = HubClient(f"{hub.api}", ADMIN_TOKEN)
+        hub_api = HubClient(f"{hub.hub_api}", ADMIN_TOKEN)
         try:
             first = await reconcile_once(manager, hub_api)
             second = await reconcile_once(manager, hub_api, previous=first)
