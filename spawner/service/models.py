@@ -6,6 +6,7 @@ wire format changes in one place.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -47,14 +48,7 @@ class Device(BaseModel):
 
     @classmethod
     def from_grant(cls, grant: Grant) -> Device:
-        return cls(
-            kind=grant.kind,
-            uuid=grant.uuid,
-            gpu_uuid=grant.gpu_uuid,
-            label=grant.label,
-            milli=grant.milli,
-            memory_mib=grant.memory_mib,
-        )
+        return cls(**asdict(grant))  # the same fields, as the store also writes them
 
 
 class LeaseOut(BaseModel):
