@@ -1,4 +1,5 @@
-# gpupool: `make run` starts the embedded hub, `make test` runs ruff, mypy and pytest. Both set up .venv first.
+# gpupool: `make run` starts the embedded hub, `make test` runs ruff, mypy and pytest (a headless Chromium test
+# among them). Both set up .venv, the proxy and Debian's Chromium first.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,6 +12,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	npm install --prefix .node --no-audit --no-fund configurable-http-proxy@4
+	@# the browser test drives Debian's Chromium (Playwright's own browser download needs its CDN)
+	test -x /usr/bin/chromium || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 	touch $(STAMP)
 
 run: $(STAMP)

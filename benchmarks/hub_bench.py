@@ -26,8 +26,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import itertools
 import os
 import platform
+import random
 import shlex
 import shutil
 import statistics
@@ -158,16 +160,22 @@ def quantile(values: list[float], q: float) -> float:
 
 
 async def lease_load(
-    base_url: str, clients: int, seconds: float, max_requests: int, warmup: int
+    base_url: str, clients: int, seconds: float, max_requests: int, warmup: int, cycle_rate: float | None
 ) -> dict[str, Any]:
-    """``clients`` concurrent loops of POST lease + DELETE lease; latencies per call, requests/s, errors."""
+    """``clients`` concurrent loops of POST lease + DELETE lease; latencies per call, requests/s, errors.
+
+    ``cycle_rate`` None: each client starts its next cycle as soon as the last one ends (closed loop, the
+    service's saturation). A number: each client starts cycles at Poisson arrivals of that rate per second,
+    and a POST's latency counts from when it was due, so time spent waiting behind a slow answer counts too.
+    """
+    rng = random.Random(7)
     headers = {"Authorization": f"token {HUB_CLIENT_TOKEN}"}
     latencies: dict[str, list[float]] = {"POST": [], "DELETE": []}
     errors: list[str] = []
     state = {"left": max_requests, "warm": 0, "stop_at": 0.0}
     go = asyncio.Event()
 
-    async def one_cycle(client: httpx.AsyncClient, i: int, record: bool) -> None:
+    async def one_cycle(client: httpx.AsyncClient, i: int, record: bool, due: float | None = None) -> None:
         body = {
             "profile": "cpu",
             "owner_kind": "server",
@@ -175,7 +183,7 @@ async def lease_load(
             "user": f"bench{i}",
             "groups": [],
         }
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if due is None else due
         created = await client.post("leases", json=body)
         t1 = time.perf_counter()
         if created.status_code != 201 or created.json().get("state") != "granted":
@@ -199,9 +207,15 @@ async def lease_load(
             finally:
                 state["warm"] += 1
             await go.wait()
+            due = time.perf_counter()
             while time.perf_counter() < state["stop_at"] and state["left"] >= 2:
                 state["left"] -= 2
-                await one_cycle(client, i, record=True)
+                if cycle_rate is None:
+                    await one_cycle(client, i, record=True)
+                    continue
+                due += rng.expovariate(cycle_rate)
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                await one_cycle(client, i, record=True, due=due)
 
     tasks = [asyncio.create_task(worker(i)) for i in range(clients)]
     deadline = time.perf_counter() + 60
@@ -229,6 +243,13 @@ def main() -> int:
         "--lease-seconds", type=float, default=10.0, help="lease load per target (default 10)"
     )
     parser.add_argument("--lease-max-requests", type=int, default=100_000, help="cap on calls per target")
+    parser.add_argument(
+        "--cycle-rate",
+        type=float,
+        default=2.0,
+        help="paced load: POST+DELETE cycles per second per client, Poisson arrivals (default 2)",
+    )
+    parser.add_argument("--skip-spawn", action="store_true", help="only the lease API (one hub, no spawns)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "hub.md")
     args = parser.parse_args()
     if shutil.which("configurable-http-proxy", path=str(CHP_BIN)) is None:
@@ -242,7 +263,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="gpupool-hub-bench-") as scratch:
         hubs = {}
-        for kind in ("plain", "gpu"):
+        for kind in ("gpu",) if args.skip_spawn else ("plain", "gpu"):
             ports = free_ports()
             hubs[kind] = Hub(kind, Path(scratch) / kind, ports)
         try:
@@ -251,17 +272,26 @@ def main() -> int:
             for hub in hubs.values():
                 hub.wait_up()
             print("hubs up", flush=True)
-            spawn = run_spawns(hubs, args.n, args.warmup)
+            spawn = {} if args.skip_spawn else run_spawns(hubs, args.n, args.warmup)
             leases = {}
             gpu = hubs["gpu"]
             targets = {
                 "through the proxy": f"{gpu.url}/services/{SERVICE}/api/v1/",
                 "straight to the service": f"http://127.0.0.1:{gpu.ports['service_port']}/services/{SERVICE}/api/v1/",
             }
-            for name, base in targets.items():
+            modes = {"paced": args.cycle_rate, "closed loop": None}
+            for (target, base), (mode, rate) in itertools.product(targets.items(), modes.items()):
+                name = f"{mode}, {target}"
                 print(f"lease load {name}: {args.clients} clients, {args.lease_seconds:g}s", flush=True)
                 leases[name] = asyncio.run(
-                    lease_load(base, args.clients, args.lease_seconds, args.lease_max_requests, warmup=2)
+                    lease_load(
+                        base,
+                        args.clients,
+                        args.lease_seconds,
+                        args.lease_max_requests,
+                        warmup=2,
+                        cycle_rate=rate,
+                    )
                 )
         finally:
             for hub in hubs.values():
@@ -315,7 +345,6 @@ def render(
     command: str,
     runtime: float,
 ) -> str:
-    plain = statistics.median(spawn["plain"])
     lines = [
         "# Hub benchmarks: spawn-to-ready and the lease API",
         "",
@@ -328,6 +357,16 @@ def render(
         "configurable-http-proxy, the gpupool service on a simulated pool where nothing queues, and the "
         "load generator.",
         "",
+    ]
+    if spawn:
+        lines += render_spawns(args, spawn)
+    lines += render_leases(args, leases)
+    return "\n".join(lines) + "\n"
+
+
+def render_spawns(args: argparse.Namespace, spawn: dict[str, list[float]]) -> list[str]:
+    plain = statistics.median(spawn["plain"])
+    lines = [
         f"## Spawn-to-ready (N={args.n} each, {args.warmup} warm-up, kinds alternating in a rotating order)",
         "",
         "From `POST /hub/api/users/{u}/server` until `/user/{u}/api` answers 200 through the proxy.",
@@ -347,17 +386,23 @@ def render(
         lines.append(
             f"| {spawner} | {profile or '—'} | {median:.3f} | {quantile(values, 0.9):.3f} | {min(values):.3f} | {added} |"
         )
-    lines += [
-        "",
-        "Target (issue 3): under 5% added.",
-        "",
+    return [*lines, "", "Target (issue 3): under 5% added.", ""]
+
+
+def render_leases(args: argparse.Namespace, leases: dict[str, dict[str, Any]]) -> list[str]:
+    offered = args.clients * args.cycle_rate * 2
+    lines = [
         f"## Lease API under {args.clients} concurrent clients",
         "",
-        f"Each client (its own `httpx.AsyncClient`, one connection) loops `POST leases` (profile `cpu`, "
-        f"on behalf of a user of its own) then `DELETE leases/{{id}}`, for {args.lease_seconds:g} s after "
-        "2 warm-up cycles each; the hub's service token, as the spawner uses.",
+        f"Each client (its own `httpx.AsyncClient`, one connection) runs cycles of `POST leases` (profile "
+        f"`cpu`, on behalf of a user of its own) then `DELETE leases/{{id}}`, for {args.lease_seconds:g} s "
+        "after 2 warm-up cycles each, with the hub's service token as the spawner uses it. **Paced**: each "
+        f"client starts {args.cycle_rate:g} cycles a second at random (Poisson) moments, {offered:.0f} calls/s "
+        "offered in all, and a POST's latency counts from when it was due. **Closed loop**: each client starts "
+        "its next cycle as soon as its last one ends, so the service runs flat out and latency is queueing "
+        "(50 clients / throughput); that row measures throughput.",
         "",
-        "| Target | calls | requests/s | POST p50 (ms) | POST p99 (ms) | DELETE p50 (ms) | DELETE p99 (ms) | errors |",
+        "| Load, target | calls | requests/s | POST p50 (ms) | POST p99 (ms) | DELETE p50 (ms) | DELETE p99 (ms) | errors |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, result in leases.items():
@@ -374,7 +419,7 @@ def render(
     for name, result in leases.items():
         if result["errors"]:
             lines.append(f"First error {name}: `{result['errors'][0]}`")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ c = get_config()  # type: ignore[name-defined]  # noqa: F821  (JupyterHub provid
 
 STATE = Path.cwd()  # databases, cookie secret and tokens live beside each other, readable by root only
 PROFILES = os.environ.get("GPUPOOL_PROFILES", "/etc/jupyterhub/gpupool-profiles.yaml")  # EDIT
+QUOTAS = os.environ.get("GPUPOOL_QUOTAS", "/etc/jupyterhub/gpupool-quotas.yaml")  # EDIT (see quotas.yaml)
 ADMINS = {"root"}  # EDIT: who administers the hub and sees every lease
 USERS_GROUP = "gpu-users"  # EDIT: the system group whose members may log in
 
@@ -69,6 +70,8 @@ c.JupyterHub.services = [
         "command": [sys.executable, "-m", "gpupool.spawner.service"],
         "environment": {
             "GPUPOOL_PROFILES": PROFILES,
+            "GPUPOOL_QUOTAS": QUOTAS,  # per user and per group limits; leave it out for none
+            "GPUPOOL_POLICY": "gpupool",  # placement: gpupool (default), fgd, best-fit, spread, first-fit
             # EDIT for PostgreSQL, e.g. "postgresql+psycopg://gpupool@db.example.org/gpupool"
             "GPUPOOL_DB_URL": f"sqlite:///{STATE / 'gpupool.sqlite'}",
         },

@@ -30,13 +30,24 @@ Hub = RunningHub
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     tmp = tmp_path_factory.mktemp("hub")
     ports = free_ports()
+    quotas = tmp / "quotas.yaml"
+    quotas.write_text("users:\n  carol: {mig_slices: 1}\n")  # nobody else is limited
+    service_env = {
+        "GPUPOOL_POOL": str(DEMO_POOL),
+        "GPUPOOL_DB_URL": f"sqlite:///{tmp}/gpupool.sqlite",
+        "GPUPOOL_QUOTAS": str(quotas),
+    }
     write_hub_config(
-        tmp, ports, admin_token=ADMIN_TOKEN, pool_file=DEMO_POOL, hub_client_token=HUB_CLIENT_TOKEN
+        tmp,
+        ports,
+        admin_token=ADMIN_TOKEN,
+        pool_file=DEMO_POOL,
+        hub_client_token=HUB_CLIENT_TOKEN,
+        service_env=service_env,
     )
-    service_env = {"GPUPOOL_POOL": str(DEMO_POOL), "GPUPOOL_DB_URL": f"sqlite:///{tmp}/gpupool.sqlite"}
     with RunningHub(tmp, ports, ADMIN_TOKEN, service_env=service_env, fail=pytest.fail) as hub:
         hub.tokens["hub-client"] = HUB_CLIENT_TOKEN
-        for name in ("alice", "bob"):
+        for name in ("alice", "bob", "carol"):
             hub.create_user(name)
             hub.token_for(name)
         yield hub
@@ -112,8 +123,10 @@ def test_alice_gets_a_mig_slice_and_releasing_it_returns_the_capacity(hub: Hub) 
 def test_bob_can_neither_see_nor_release_alices_lease(hub: Hub) -> None:
     with hub.as_user("alice") as alice, hub.as_user("bob") as bob:
         lease = _new_lease(alice)
-        assert bob.get(f"/leases/{lease['id']}").status_code == 404
-        assert bob.delete(f"/leases/{lease['id']}").status_code == 404
+        for refused in (bob.get(f"/leases/{lease['id']}"), bob.delete(f"/leases/{lease['id']}")):
+            assert refused.status_code == 403, refused.text
+            assert "alice" not in refused.text  # whose it is stays private
+        assert bob.get("/leases/no-such-lease").status_code == 404
         assert lease["id"] not in {theirs["id"] for theirs in bob.get("/leases").json()}
         assert alice.get(f"/leases/{lease['id']}").json()["state"] == "granted"
         alice.delete(f"/leases/{lease['id']}")
@@ -129,6 +142,18 @@ def test_a_user_cannot_ask_for_another_user_but_the_hub_can(hub: Hub) -> None:
         assert lease["user"] == "alice"
         assert lease["id"] in {every["id"] for every in admin.get("/leases").json()}
         assert spawner.delete(f"/leases/{lease['id']}").status_code == 200
+
+
+def test_a_quota_from_the_quotas_file_refuses_with_the_limit_named(hub: Hub) -> None:
+    with hub.as_user("carol") as carol:
+        first = _new_lease(carol, "mig-1g")
+        refused = carol.post("/leases", json={"profile": "mig-3g", "owner_kind": "server", "owner_name": "b"})
+        assert refused.status_code == 403, refused.text
+        problem = refused.json()
+        assert problem["error"] == "quota_exceeded"
+        assert "carol's quota allows 1 MIG slice at once" in problem["detail"], problem["detail"]
+        assert carol.delete(f"/leases/{first['id']}").status_code == 200
+        _new_lease(carol, "mig-3g")  # with the first one given back, the second fits the quota
 
 
 def test_an_unknown_profile_is_a_400_listing_the_slugs(hub: Hub) -> None:

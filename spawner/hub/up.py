@@ -25,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..backends.discovery import DiscoveredPool, discover_pool
+from ..files.quotas_file import EXAMPLE_QUOTAS
 
 ENV = "GPUPOOL_UP"
 SERVICE = "gpupool"
@@ -150,7 +151,10 @@ def spawner_token(state: Path) -> str:
 
 def service_environment(settings: UpSettings) -> dict[str, str]:
     """The gpupool service's own settings (see ``python -m gpupool.spawner.service``)."""
-    env = {"GPUPOOL_DB_URL": f"sqlite:///{settings.state / 'gpupool.sqlite'}"}
+    env = {
+        "GPUPOOL_DB_URL": f"sqlite:///{settings.state / 'gpupool.sqlite'}",
+        "GPUPOOL_QUOTAS": os.environ.get("GPUPOOL_QUOTAS") or str(EXAMPLE_QUOTAS),
+    }
     if settings.pool:
         env["GPUPOOL_POOL"] = settings.pool
     profiles = os.environ.get("GPUPOOL_PROFILES")

@@ -7,6 +7,8 @@ JupyterHub sets ``JUPYTERHUB_SERVICE_URL`` (where to listen), ``JUPYTERHUB_SERVI
   when there are none;
 - ``GPUPOOL_PROFILES``: a profiles file; unset, the shipped example ``hub_config/profiles.yaml``;
 - ``GPUPOOL_DB_URL``: an SQLAlchemy URL; unset, ``gpupool.sqlite`` in the working directory;
+- ``GPUPOOL_QUOTAS``: a quotas file (example: ``hub_config/quotas.yaml``); unset, nobody is limited;
+- ``GPUPOOL_POLICY``: the placement policy by name (default ``gpupool``; see ``gpupool.spawner.pool.policies``);
 - ``GPUPOOL_RECONCILE_SECONDS``: seconds between reconciliation passes (default 60; 0 turns it off), with the
   hub as ``JUPYTERHUB_API_TOKEN`` (scopes ``list:users`` and ``read:servers``), see :mod:`.reconcile`;
 - ``GPUPOOL_STOP_UNLEASED``: ``1`` to stop a server that runs a gpupool profile without a lease (two passes
@@ -30,7 +32,11 @@ import uvicorn
 from fastapi import FastAPI
 
 from ..backends.discovery import discover_pool
+from ..backends.simulated import PoolFileError
 from ..files.profiles_file import EXAMPLE_PROFILES, load_profiles
+from ..files.quotas_file import QuotaFileError, load_quotas
+from ..pool.policies import PlacementPolicy, policy_by_name
+from ..pool.profiles import ProfileError
 from .app import DEFAULT_PREFIX, create_app
 from .auth import Authenticator
 from .leases import LeaseManager
@@ -66,8 +72,15 @@ def build(env: Mapping[str, str]) -> tuple[FastAPI, LeaseManager]:
         log.warning("%s", pool.note)
     log.info("pool from %s (%s): %d nodes", pool.source, pool.backend, len(pool.nodes))
     profiles = load_profiles(env.get("GPUPOOL_PROFILES") or EXAMPLE_PROFILES)
+    quotas = load_quotas(env["GPUPOOL_QUOTAS"]) if env.get("GPUPOOL_QUOTAS") else None
+    policy = placement_policy(env)
     store = LeaseStore(env.get("GPUPOOL_DB_URL") or sqlite_url(str(Path.cwd() / "gpupool.sqlite")))
-    manager = LeaseManager(pool.nodes, store)
+    manager = LeaseManager(pool.nodes, store, policy=policy, quotas=quotas)
+    log.info(
+        "placement policy %s; %s",
+        policy.name,
+        f"quotas from {env['GPUPOOL_QUOTAS']}" if quotas else "no quotas",
+    )
     for lease in manager.released_at_start:
         log.warning("released at start-up: lease %s of %s (%s)", lease.id, lease.user, lease.release_reason)
     api_url = env.get("JUPYTERHUB_API_URL")
@@ -83,6 +96,15 @@ def build(env: Mapping[str, str]) -> tuple[FastAPI, LeaseManager]:
         prefix=env.get("JUPYTERHUB_SERVICE_PREFIX") or DEFAULT_PREFIX,
     )
     return app, manager
+
+
+def placement_policy(env: Mapping[str, str]) -> PlacementPolicy:
+    """``GPUPOOL_POLICY`` (default ``gpupool``); an unknown name stops the service, listing the known ones."""
+    name = env.get("GPUPOOL_POLICY") or "gpupool"
+    try:
+        return policy_by_name(name)
+    except ValueError as error:
+        raise SystemExit(f"GPUPOOL_POLICY: {error}") from None
 
 
 def reconcile_seconds(env: Mapping[str, str]) -> float:
@@ -125,7 +147,10 @@ def main() -> None:
     env = dict(os.environ)
     address = listen_address(env)
     reconcile_seconds(env)  # a bad value stops the service before the port opens
-    app, manager = build(env)
+    try:
+        app, manager = build(env)
+    except (PoolFileError, ProfileError, QuotaFileError) as error:  # one clear line, not a traceback
+        raise SystemExit(f"gpupool service: {error}") from None
     config = uvicorn.Config(app, host=address.host, port=address.port, log_level="info", access_log=False)
     # uvicorn re-raises the SIGINT it caught once it has shut down; uvicorn.run swallows it too
     with contextlib.suppress(KeyboardInterrupt):

@@ -1,0 +1,174 @@
+"""What a researcher does in a real browser: log in to ``gpupool up``, read the spawn form, start a MIG slice.
+
+Headless Debian Chromium (``/usr/bin/chromium``, which ``make test`` installs) driven by Playwright; never
+Playwright's own browser download, which needs its CDN. The spawn form is saved as a screenshot under
+``test-artifacts/`` (or ``$GPUPOOL_TEST_ARTIFACTS``), with JupyterLab once it is up and the page where a
+failing run stopped, so a reviewer sees what users see.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+from up_harness import Up, api_token, extra_config, free_port_family, login, require_proxy, start_up
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",  # CI runs as root, where Chromium's sandbox refuses to start
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",  # the test machine reaches nothing outside; don't let it try
+    "--disable-component-update",
+    "--disable-sync",
+]
+MIG = "mig-3g"  # Half an H100 (MIG 3g.40gb) in hub_config/profiles.yaml; the demo pool has free slices
+AVAILABLE = re.compile(r"(\d+) could start now \(simulated\)")
+LAB_TIMEOUT_MS = 120_000  # spawn, OAuth and JupyterLab's first load take ~30-90 s on a 2-core CI box
+
+
+def artifacts() -> Path:
+    folder = Path(os.environ.get("GPUPOOL_TEST_ARTIFACTS") or ROOT / "test-artifacts")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Browser]:
+    """Debian's Chromium, headless; missing fails the test (not an error, not a skip): ``make test`` installs
+    it."""
+    if not CHROMIUM.is_file():
+        pytest.fail(
+            f"{CHROMIUM} is missing: `make test` installs it (apt-get install chromium); "
+            "the browser test needs Debian's Chromium, not Playwright's download"
+        )
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@contextlib.contextmanager
+def running_hub(tmp_path: Path) -> Iterator[Up]:
+    require_proxy()
+    up = start_up(tmp_path, tmp_path / "state", free_port_family(), extra_config(tmp_path))
+    try:
+        yield up
+    finally:
+        up.stop()
+
+
+class Pool:
+    """The gpupool service's REST API as the demo user: the ground truth the form must match."""
+
+    def __init__(self, up: Up) -> None:
+        with contextlib.closing(login(up)) as client:
+            token = api_token(client)
+        self.client = httpx.Client(
+            base_url=f"{up.url}/services/gpupool/api/v1",
+            headers={"Authorization": f"token {token}"},
+            timeout=10,
+        )
+
+    def available_now(self, slug: str) -> int:
+        response = self.client.get("/profiles")
+        assert response.status_code == 200, response.text
+        (profile,) = (p for p in response.json() if p["slug"] == slug)
+        count: int = profile["available_now"]
+        return count
+
+    def close(self) -> None:
+        self.client.close()
+
+    def active_leases(self) -> list[dict[str, Any]]:
+        response = self.client.get("/leases", params={"active_only": "true"})
+        assert response.status_code == 200, response.text
+        leases: list[dict[str, Any]] = response.json()
+        return leases
+
+
+def log_in(page: Page, up: Up) -> None:
+    page.goto(f"{up.url}/hub/login")
+    page.fill("#username_input", "demo")
+    page.fill("#password_input", up.password)
+    page.click("#login_submit")
+    page.wait_for_url(re.compile(r"/hub/(?!login)"))
+
+
+def lands_on_the_spawn_form(page: Page) -> None:
+    """Without a server, logging in leads straight to the form (the hub's /hub/ sends users to their server)."""
+    page.wait_for_url(re.compile(r"/hub/spawn"), timeout=30_000)
+    expect(page.locator(".gpupool-form")).to_be_visible(timeout=30_000)
+
+
+def stop_server(page: Page, up: Up) -> None:
+    """Stop the server the way a user does: the Stop My Server button on the hub's home page."""
+    page.goto(f"{up.url}/hub/home")
+    page.click("#stop")
+    expect(page.locator("#start")).to_be_visible(timeout=60_000)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def test_a_user_logs_in_sees_live_availability_and_starts_a_mig_slice_in_jupyterlab(tmp_path: Path) -> None:
+    """The whole path a researcher takes, checked against the service: the form's count is the service's
+    count, and starting the slice really takes one (and stopping gives it back)."""
+    with chromium() as browser, running_hub(tmp_path) as hub, contextlib.closing(Pool(hub)) as pool:
+        free_before = pool.available_now(MIG)
+        assert free_before > 0, "the demo pool should have a free 3g.40gb slice"
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        try:
+            log_in(page, hub)
+            lands_on_the_spawn_form(page)
+
+            # the form says the pool is simulated, and how many slices could start now, as the service counts
+            expect(page.locator(".gpupool-simulated")).to_contain_text("Simulated pool")
+            row = page.locator(f'.gpupool-profile[data-slug="{MIG}"]')
+            expect(row).to_contain_text("Half an H100 (MIG 3g.40gb)")
+            shown = AVAILABLE.search(row.inner_text())
+            assert shown, f"no availability in the {MIG} row: {row.inner_text()!r}"
+            assert int(shown.group(1)) == free_before
+            page.screenshot(path=str(artifacts() / "spawn-form.png"), full_page=True)
+
+            page.check(f"#gpupool-profile-{MIG}")
+            page.click('form button[type="submit"]')
+            page.wait_for_url(re.compile(r"/user/demo/lab"), timeout=LAB_TIMEOUT_MS)
+            expect(page.locator("#jp-main-dock-panel")).to_be_visible(timeout=LAB_TIMEOUT_MS)
+            page.screenshot(path=str(artifacts() / "jupyterlab.png"))
+
+            # the server holds a MIG lease, so one slice fewer could start now
+            (lease,) = (lease for lease in pool.active_leases() if lease["owner_kind"] == "server")
+            assert (lease["user"], lease["profile"], lease["state"]) == ("demo", MIG, "granted")
+            assert pool.available_now(MIG) == free_before - 1
+
+            stop_server(page, hub)
+            assert wait_until(lambda: not pool.active_leases(), 30), (
+                f"the lease outlived its server: {pool.active_leases()}\n{hub.log_tail()}"
+            )
+            assert pool.available_now(MIG) == free_before
+        except BaseException:  # pytest.fail too: a picture of where it stopped
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(artifacts() / "browser-failure.png"), full_page=True)
+            raise
+        finally:
+            page.close()
