@@ -17,7 +17,6 @@ from .devices import Node
 from .mig import GEOMETRIES, NotMigCapable, UnknownMigProfile, geometry, profile_memory_gb
 from .products import mib_to_marketed_gb
 from .requests import GpuNeed, MigSlice, Request, WholeGpus
-from .state import PoolState, Refusal
 
 DURATIONS = ("idle_timeout", "max_lifetime", "gpu_idle_timeout")  # fields in seconds
 _SLUG = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -95,6 +94,10 @@ def fits_pool(profile: Profile, nodes: Sequence[Node]) -> str | None:
 
     Asks the placement code itself on a fresh state, so the form and real placement can never disagree.
     """
+    # Imported here: placement needs NumPy, and the hub, which reads profiles but never places, should not
+    # pay its import (about 0.1 s) at every start.
+    from .state import PoolState, Refusal
+
     outcome = PoolState(nodes, "first-fit").place(profile.request(), f"fits-pool:{profile.slug}")
     if isinstance(outcome, Refusal) and outcome.never_fits:
         return outcome.reason
