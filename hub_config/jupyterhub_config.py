@@ -72,6 +72,7 @@ c.JupyterHub.services = [
             "GPUPOOL_PROFILES": PROFILES,
             "GPUPOOL_QUOTAS": QUOTAS,  # per user and per group limits; leave it out for none
             "GPUPOOL_POLICY": "gpupool",  # placement: gpupool (default), fgd, best-fit, spread, first-fit
+            "GPUPOOL_STOP_UNLEASED": "1",  # stop a server holding no lease, confirmed by two passes a minute apart
             # EDIT for PostgreSQL, e.g. "postgresql+psycopg://gpupool@db.example.org/gpupool"
             "GPUPOOL_DB_URL": f"sqlite:///{STATE / 'gpupool.sqlite'}",
         },
@@ -104,9 +105,9 @@ c.JupyterHub.load_roles = [
         "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
         "services": ["jupyterhub-idle-culler"],
     },
-    {  # reconciliation: compare the leases with the servers that really run
+    {  # reconciliation: compare the leases with the servers that really run, stop servers without one
         "name": "gpupool-service",
-        "scopes": ["list:users", "read:servers"],
+        "scopes": ["list:users", "read:servers", "delete:servers"],
         "services": ["gpupool"],
     },
 ]

@@ -200,6 +200,7 @@ class RunningHub:
         self.pids: set[int] = set()
         self.extra: list[subprocess.Popen[bytes]] = []
         self.process: subprocess.Popen[bytes] | None = None
+        self._service_environ: dict[str, str] | None = None  # of the service kill_service killed first
         self.service_env = {  # what the managed service is run with, to run one by hand
             **(service_env or {}),
             "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{self.ports['service_port']}",
@@ -240,7 +241,7 @@ class RunningHub:
             )
         env = os.environ | {"PATH": f"{CHP_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
         env.pop("GPUPOOL_API_TOKEN", None)
-        with self.log.open("wb") as out:
+        with self.log.open("ab") as out:  # a restarted hub goes on in the same log
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "jupyterhub", "-f", str(self.tmp / "jupyterhub_config.py")],
                 cwd=self.tmp,
@@ -313,8 +314,54 @@ class RunningHub:
         self.tokens[name] = token.json()["token"]
         return self.tokens[name]
 
+    def crash(self) -> None:
+        """``kill -9`` the hub process alone, as the kernel's OOM killer would: its proxy, its managed service
+        and its servers run in sessions of their own and live on (see :meth:`restart`)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def restart(self) -> None:
+        """Start the hub again on the same config and database (after :meth:`crash`) and wait for it. It
+        stops the proxy it finds in its pid file and starts its own; a service that outlived the old hub keeps
+        the port, so the hub's new one cannot bind it and the old one goes on serving."""
+        self.start()
+        self.wait_up()
+
+    def service_pids(self) -> list[int]:
+        """The gpupool service processes on this hub's store (managed or started by hand)."""
+        return service_pids(self.service_env.get("GPUPOOL_DB_URL") or f"sqlite:///{self.tmp}/gpupool.sqlite")
+
+    def kill_service(self) -> None:
+        """``kill -9`` every gpupool service process of this hub and wait until they are gone; the environment
+        of the one that served is kept for :meth:`start_service`."""
+        for pid in self.service_pids():
+            with contextlib.suppress(OSError):
+                environ = environ_of(pid)
+                os.kill(pid, signal.SIGKILL)
+                self._service_environ = self._service_environ or environ
+        self.wait_for(lambda: not self.service_pids(), "the gpupool service did not die", timeout=10)
+
+    def start_service(self) -> subprocess.Popen[bytes]:
+        """Start the gpupool service again by hand, with the command and environment the killed one ran with
+        (as an admin would), and wait until it answers through the proxy; it is killed at :meth:`stop`."""
+        if self._service_environ is None:
+            self.fail("start_service: no killed service to start again (call kill_service first)")
+        with (self.tmp / "service-by-hand.log").open("ab") as log:
+            process = subprocess.Popen(
+                service_command(),
+                env=self._service_environ,
+                cwd=self.tmp,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.extra.append(process)
+        self.wait_for(answers(f"{self.service_api}/openapi.json"), "the restarted service did not answer")
+        return process
+
     def stop(self) -> None:
-        """Stop the hub, then kill whatever it left: extra processes, single-user servers, its proxy."""
+        """Stop the hub, then kill whatever it left: extra processes, single-user servers, its proxy, and a
+        service that outlived a crashed hub."""
         for extra in self.extra:
             extra.kill()
             extra.wait()
@@ -327,6 +374,10 @@ class RunningHub:
                     os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self._reap_proxy()
+        if self.service:
+            for pid in self.service_pids():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         for pid in self.pids:  # the hub stops its servers on exit; make sure of it, sparing a reused pid
             with contextlib.suppress(OSError):
                 if environ_of(pid).get("HOME", "").startswith(f"{self.tmp}/homes/"):
@@ -339,6 +390,22 @@ class RunningHub:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             if "configurable-http-proxy" in cmdline and f"--port {self.ports['proxy_port']} " in cmdline:
                 os.kill(pid, signal.SIGTERM)
+
+
+def service_pids(db_url: str) -> list[int]:
+    """The running gpupool service processes whose store is ``db_url``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"gpupool.spawner.service" in cmdline and f"GPUPOOL_DB_URL={db_url}\0".encode() in environ:
+            pids.append(int(proc.name))
+    return pids
 
 
 def environ_of(pid: int) -> dict[str, str]:

@@ -298,6 +298,9 @@ class ScriptedService:
     async def create_lease(self, user: str, groups: Any, profile: str, **owner: str) -> dict[str, Any]:
         return self._lease("L1")
 
+    async def active_leases(self, user: str) -> list[dict[str, Any]]:
+        return []
+
     async def get_lease(self, lease_id: str) -> dict[str, Any]:
         return self._lease(lease_id)
 

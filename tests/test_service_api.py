@@ -141,6 +141,12 @@ def test_a_user_cannot_ask_for_another_user_but_the_hub_can(hub: Hub) -> None:
         lease = _new_lease(spawner, "cpu", user="alice", owner_name="gpu")
         assert lease["user"] == "alice"
         assert lease["id"] in {every["id"] for every in admin.get("/leases").json()}
+        alices = spawner.get("/leases", params={"user": "alice", "active_only": "true"}).json()
+        assert lease["id"] in {hers["id"] for hers in alices} and {hers["user"] for hers in alices} == {
+            "alice"
+        }
+        peek = bob.get("/leases", params={"user": "alice"})
+        assert peek.status_code == 403 and peek.json()["fields"] == ["user"]
         assert spawner.delete(f"/leases/{lease['id']}").status_code == 200
 
 
@@ -189,6 +195,24 @@ def _service_pids(db_url: str) -> list[int]:
         if b"gpupool.spawner.service" in cmdline and f"GPUPOOL_DB_URL={db_url}".encode() in environ:
             pids.append(int(proc.name))
     return pids
+
+
+def test_a_second_service_on_the_taken_port_stops_before_it_opens_a_store(hub: Hub) -> None:
+    elsewhere = hub.tmp / "second-service.sqlite"
+    second = subprocess.run(
+        service_command(),
+        env=os.environ | hub.service_env | {"GPUPOOL_DB_URL": f"sqlite:///{elsewhere}"},
+        cwd=hub.tmp,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode != 0
+    assert "is another gpupool service running there?" in second.stderr, second.stderr
+    assert not elsewhere.exists()  # it never opened (or created) a lease store
+    assert (
+        httpx.get(f"{hub.service_api}/openapi.json", timeout=5).status_code == 200
+    )  # the first one serves on
 
 
 def test_a_restarted_service_still_knows_alices_lease(hub: Hub) -> None:

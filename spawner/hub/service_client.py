@@ -64,8 +64,8 @@ class ServiceClient:
         try:
             body = response.json()
             code, detail = str(body.get("error", "error")), str(body.get("detail", response.text))
-        except ValueError:
-            code, detail = "error", response.text or response.reason_phrase
+        except ValueError:  # not the service's answer: the proxy's error page while the service is down
+            code, detail = "error", f"{response.status_code} {response.reason_phrase} from {response.url}"
         raise ServiceError(response.status_code, code, detail)
 
     async def profiles(self, user: str | None = None) -> list[dict[str, Any]]:
@@ -110,6 +110,11 @@ class ServiceClient:
             "groups": sorted(groups),
         }
         return cast(dict[str, Any], await self._call("POST", "leases", json=body))
+
+    async def active_leases(self, user: str) -> list[dict[str, Any]]:
+        """``GET leases?active_only=true&user=…``: ``user``'s queued and granted leases."""
+        leases = await self._call("GET", "leases", params={"active_only": "true", "user": user})
+        return cast(list[dict[str, Any]], leases)
 
     async def get_lease(self, lease_id: str) -> dict[str, Any]:
         """``GET leases/{id}``: the lease as it stands now."""

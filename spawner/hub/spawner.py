@@ -11,8 +11,10 @@ Lifecycle contract, on top of JupyterHub's:
   ``profile`` at all means the default profile.
 - ``apply_user_options`` (and again ``start``): resolve the slug; an unknown one is a 400 listing the slugs the
   user may start, one the user's groups may not use a 403.
-- ``start()``: create a lease; while it is queued, poll it every ``lease_poll_interval`` seconds and report the
-  queue position through ``progress()``; give up shortly before ``start_timeout``, releasing the lease, with a
+- ``start()``: release any lease the service still holds for this server (a crash of the hub or the service
+  left it), then create a lease; while it is queued, poll it every ``lease_poll_interval`` seconds and report
+  the queue position through ``progress()`` (a service that does not answer meanwhile is waited for: it
+  restores the queue from its store); give up shortly before ``start_timeout``, releasing the lease, with a
   message saying what it waited for. Once granted, the server's environment gets ``CUDA_VISIBLE_DEVICES`` and
   ``NVIDIA_VISIBLE_DEVICES`` (the lease's ``GPU-…``/``MIG-…`` UUIDs; ``""`` and ``void`` for CPU only),
   ``GPUPOOL_LEASE_ID``, ``GPUPOOL_SERVICE_URL`` and ``GPUPOOL_PROFILE``, and the process starts.
@@ -47,6 +49,7 @@ from .service_client import Availability, ServiceClient, ServiceError
 SERVICE_PREFIX = "services/gpupool/"
 TOKEN_ENV = "GPUPOOL_API_TOKEN"
 _STATE_KEY = "gpupool_lease_id"
+_SERVICE_DOWN = (0, 502, 503, 504)  # unreachable, or the proxy's answer while the service is down
 
 
 @lru_cache(maxsize=8)
@@ -304,6 +307,7 @@ class LocalGPUSpawner(LocalProcessSpawner):  # type: ignore[misc]  # jupyterhub 
             await self.release_lease()  # anything a previous run left behind
             profile = self.resolve_profile()
             service = self.service()
+            await self._release_leftovers(service)
             self._emit(f"Asking gpupool for {profile.display_name} ({profile.gpu_description()})", 10)
             lease = await self._lease(service, profile)
             self._lease_env = lease_env(lease, self.service_url)
@@ -317,6 +321,33 @@ class LocalGPUSpawner(LocalProcessSpawner):  # type: ignore[misc]  # jupyterhub 
         finally:
             self._starting = False
 
+    async def _release_leftovers(self, service: ServiceClient) -> None:
+        """Release every active lease the service still holds for this server before asking for a new one.
+
+        A hub killed while this server's lease was queued (or granted, before its state reached the database)
+        forgets the lease id, and a service killed while a spawn waited keeps a lease the spawner could not
+        release. Reconciliation releases such a lease only while the server is not running or pending, so a
+        user who starts again at once would hold two leases, the old one first in the queue. The hub starts
+        one spawn per server at a time, so no lease of this server can belong to a live start. An unreachable
+        service is left to the request that follows, which fails with the clearer message.
+        """
+        try:
+            leases = await service.active_leases(self.user.name)
+        except ServiceError as error:
+            self.log.warning("gpupool: could not list %s's leases before starting: %s", self._log_name, error)
+            return
+        mine = [
+            str(lease["id"])
+            for lease in leases
+            if lease.get("user") == self.user.name
+            and lease.get("owner_kind") == "server"
+            and lease.get("owner_name") == self.name
+        ]
+        for lease_id in mine:
+            self.log.warning("gpupool: %s left lease %s behind; releasing it", self._log_name, lease_id)
+            self._unreleased.add(lease_id)
+        await self.release_lease()
+
     async def _lease(self, service: ServiceClient, profile: Profile) -> dict[str, Any]:
         """A granted lease for ``profile``, or an error after releasing whatever was asked for."""
         try:
@@ -328,7 +359,7 @@ class LocalGPUSpawner(LocalProcessSpawner):  # type: ignore[misc]  # jupyterhub 
         self.lease_id = str(lease["id"])
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(1.0, self.start_timeout - max(2.0, self.lease_poll_interval))
-        said = ""
+        said, down = "", False
         try:
             while lease["state"] == "queued":
                 message = lease.get("waiting_message") or f"Waiting for {profile.gpu_description()}"
@@ -343,7 +374,19 @@ class LocalGPUSpawner(LocalProcessSpawner):  # type: ignore[misc]  # jupyterhub 
                         status_code=503,
                     )
                 await asyncio.sleep(self.lease_poll_interval)
-                lease = await service.get_lease(self.lease_id)
+                try:
+                    lease = await service.get_lease(self.lease_id)
+                except ServiceError as error:
+                    # The service restarting (killed, upgraded) is not the end of the wait: it restores the
+                    # queue from its store, so keep asking until the deadline. Any other answer ends it.
+                    if error.status not in _SERVICE_DOWN:
+                        raise
+                    if not down:
+                        self.log.warning("gpupool: %s: %s; still waiting", self._log_name, error)
+                        self._emit("The gpupool service is not answering; still waiting")
+                        down = True
+                    continue
+                down = False
             if lease["state"] != "granted":
                 raise SpawnException(
                     f"The lease for {profile.display_name} ended before it was granted: "

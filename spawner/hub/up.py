@@ -154,6 +154,8 @@ def service_environment(settings: UpSettings) -> dict[str, str]:
     env = {
         "GPUPOOL_DB_URL": f"sqlite:///{settings.state / 'gpupool.sqlite'}",
         "GPUPOOL_QUOTAS": os.environ.get("GPUPOOL_QUOTAS") or str(EXAMPLE_QUOTAS),
+        # a server on GPU devices nobody leased to it is stopped once two passes in a row confirm it
+        "GPUPOOL_STOP_UNLEASED": "1",
     }
     if settings.pool:
         env["GPUPOOL_POOL"] = settings.pool
@@ -190,8 +192,12 @@ def roles(admins: list[str]) -> list[dict[str, object]]:
             "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
             "services": [CULLER],
         },
-        # the service reconciles leases with the servers that really run
-        {"name": "gpupool-service", "scopes": ["list:users", "read:servers"], "services": [SERVICE]},
+        # the service reconciles leases with the servers that really run, and stops one found without a lease
+        {
+            "name": "gpupool-service",
+            "scopes": ["list:users", "read:servers", "delete:servers"],
+            "services": [SERVICE],
+        },
     ]
 
 

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,14 +120,17 @@ def reconcile_seconds(env: Mapping[str, str]) -> float:
     return seconds
 
 
-async def serve(server: uvicorn.Server, env: Mapping[str, str], manager: LeaseManager) -> None:
-    """Serve the API, reconciling leases with the hub's servers meanwhile (a pass now, then every interval)."""
+async def serve(
+    server: uvicorn.Server, env: Mapping[str, str], manager: LeaseManager, listener: socket.socket
+) -> None:
+    """Serve the API on ``listener``, reconciling leases with the hub's servers meanwhile (a pass now, then
+    every interval)."""
     interval = reconcile_seconds(env)
     token = env.get("JUPYTERHUB_API_TOKEN")
     if interval == 0 or not token:
         if interval:
             log.warning("JUPYTERHUB_API_TOKEN is not set: leases are not reconciled with the hub's servers")
-        await server.serve()
+        await server.serve(sockets=[listener])
         return
     hub = HubClient(env.get("JUPYTERHUB_API_URL") or "", token)
     stop_unleased = (env.get("GPUPOOL_STOP_UNLEASED") or "").lower() in ("1", "true", "yes")
@@ -134,7 +138,7 @@ async def serve(server: uvicorn.Server, env: Mapping[str, str], manager: LeaseMa
         reconcile_forever(manager, hub, interval=interval, stop_unleased=stop_unleased)
     )
     try:
-        await server.serve()
+        await server.serve(sockets=[listener])
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -147,14 +151,35 @@ def main() -> None:
     env = dict(os.environ)
     address = listen_address(env)
     reconcile_seconds(env)  # a bad value stops the service before the port opens
+    # The port first: a second service (say, one a restarted hub starts while the old one still serves)
+    # must stop here, before it opens the store and writes to it behind the running one's back.
+    listener = bind(address)
     try:
         app, manager = build(env)
     except (PoolFileError, ProfileError, QuotaFileError) as error:  # one clear line, not a traceback
         raise SystemExit(f"gpupool service: {error}") from None
-    config = uvicorn.Config(app, host=address.host, port=address.port, log_level="info", access_log=False)
+    config = uvicorn.Config(app, log_level="info", access_log=False)
     # uvicorn re-raises the SIGINT it caught once it has shut down; uvicorn.run swallows it too
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(uvicorn.Server(config), env, manager))
+        asyncio.run(serve(uvicorn.Server(config), env, manager, listener))
+
+
+def bind(address: Listen) -> socket.socket:
+    """The listening socket, or exit saying the port is taken (most likely by a gpupool service already)."""
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((address.host, address.port))
+    except OSError as error:
+        listener.close()
+        raise SystemExit(
+            f"gpupool service: cannot listen on {address.host}:{address.port} ({error.strerror}); is another "
+            "gpupool service running there? It owns the lease store, so this one stops without touching it"
+        ) from None
+    listener.listen(2048)
+    listener.set_inheritable(True)
+    return listener
 
 
 if __name__ == "__main__":

@@ -109,9 +109,17 @@ def create_app(
         )
         return _out(manager, lease)
 
-    @router.get("/leases", summary="The caller's leases; every lease for admins and the hub")
-    async def list_leases(caller: CallerDep, active_only: bool = False) -> list[LeaseOut]:
-        if caller.is_admin or caller.acts_for_others:
+    @router.get("/leases", summary="The caller's leases; every lease (or one user's) for admins and the hub")
+    async def list_leases(
+        caller: CallerDep, active_only: bool = False, user: str | None = None
+    ) -> list[LeaseOut]:
+        if user is not None and user != caller.name and not (caller.is_admin or caller.acts_for_others):
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN, f"user: {caller.name} may list only their own leases"
+            )
+        if user is not None:
+            leases = manager.leases_for(user, active_only=active_only)
+        elif caller.is_admin or caller.acts_for_others:
             leases = manager.all_leases(active_only=active_only)
         else:
             leases = manager.leases_for(caller.name, active_only=active_only)
