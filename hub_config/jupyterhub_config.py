@@ -90,6 +90,11 @@ c.JupyterHub.services = [
 # Users may call the service (read the pool and profiles, manage their own leases) but never act for others.
 c.JupyterHub.load_roles = [
     {"name": "user", "scopes": ["self", "access:services!service=gpupool"]},
+    {  # a server's own token may call the service too (gpupool.widgets in a notebook); the first two scopes are
+        # JupyterHub's defaults for this role, which a role of this name replaces
+        "name": "server",
+        "scopes": ["users:activity!user", "access:servers!server", "access:services!service=gpupool"],
+    },
     {
         "name": "gpupool-hub",
         "scopes": ["custom:gpupool:leases", "access:services!service=gpupool"],

@@ -9,16 +9,19 @@ from __future__ import annotations
 import contextlib
 import re
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from hub_harness import environ_of
 from traitlets.config import Config, PyFileConfigLoader
 from up_harness import api_token, extra_config, free_port_family, login, require_proxy, start_up, up_command
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
 from gpupool.spawner.hub.up import ENV, demo_password, embedded_config, prepare
+from gpupool.widgets import Connection
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,6 +69,37 @@ def test_the_pool_api_behind_gpupool_up_says_simulated(start: tuple[Path, int]) 
         pool = httpx.get(f"{api}/pool", headers={"Authorization": f"token {token}"}, timeout=10)
         assert pool.status_code == 200, f"{pool.text}\n{up.log_tail()}"
         assert pool.json()["backend"] == "simulated"
+    finally:
+        up.stop()
+
+
+def test_a_notebook_server_reaches_the_service_with_its_own_token(start: tuple[Path, int]) -> None:
+    """What ``gpupool.widgets`` relies on: the server's environment names the service, and the server's own
+    token (acting as its user) may call it."""
+    tmp, port = start
+    up = start_up(tmp, tmp / "state", port, extra_config(tmp))
+    try:
+        with contextlib.closing(login(up)) as client:
+            token = api_token(client)
+        hub = httpx.Client(
+            base_url=f"{up.url}/hub/api", headers={"Authorization": f"token {token}"}, timeout=30
+        )
+        with contextlib.closing(hub):
+            started = hub.post("/users/demo/server", json={"profile": "cpu"})
+            assert started.status_code in (201, 202), started.text
+            deadline = time.monotonic() + 90
+            while not (server := hub.get("/users/demo").json()["servers"].get("", {})).get("ready"):
+                assert time.monotonic() < deadline, f"the server did not start:\n{up.log_tail()}"
+                time.sleep(0.2)
+            environ = environ_of(int(server["state"]["pid"]))
+            connection = Connection(environ=environ)
+            try:
+                profiles = connection.call("GET", "profiles")
+                assert "cpu" in {p["slug"] for p in profiles}
+                assert connection.call("GET", "leases")[0]["id"] == environ["GPUPOOL_LEASE_ID"]
+            finally:
+                connection.close()
+            assert hub.delete("/users/demo/server").status_code in (202, 204)
     finally:
         up.stop()
 

@@ -180,11 +180,17 @@ def services(settings: UpSettings) -> list[dict[str, object]]:
     ]
 
 
+# JupyterHub's own scopes for the server role, which a role of that name replaces rather than extends.
+SERVER_SCOPES = ("users:activity!user", "access:servers!server")
+
+
 def roles(admins: list[str]) -> list[dict[str, object]]:
     """Users may use the service; the spawners' token may lease for anyone; admins see every lease."""
     access = f"access:services!service={SERVICE}"
     return [
         {"name": "user", "scopes": ["self", access]},
+        # a server's own token (JUPYTERHUB_API_TOKEN) may call the service too: gpupool.widgets uses it
+        {"name": "server", "scopes": [*SERVER_SCOPES, access]},
         {"name": "gpupool-hub", "scopes": ["custom:gpupool:leases", access], "services": [SPAWNER_CLIENT]},
         {"name": "gpupool-admin", "scopes": ["custom:gpupool:admin", access], "users": admins},
         {
