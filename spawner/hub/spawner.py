@@ -41,6 +41,7 @@ from jupyterhub.spawner import (  # type: ignore[import-untyped]
 )
 from traitlets import Float, Unicode, default, validate
 
+from ..device_env import device_env
 from ..files.profiles_file import EXAMPLE_PROFILES, load_profiles
 from ..pool.profiles import Profile, UnknownProfile
 from . import form
@@ -70,8 +71,7 @@ def lease_env(lease: Mapping[str, Any], service_url: str) -> dict[str, str]:
     container runtime's ``void``."""
     uuids = ",".join(str(device["uuid"]) for device in lease.get("devices") or ())
     return {
-        "CUDA_VISIBLE_DEVICES": uuids,
-        "NVIDIA_VISIBLE_DEVICES": uuids or "void",
+        **device_env(uuids),
         "GPUPOOL_LEASE_ID": str(lease["id"]),
         "GPUPOOL_SERVICE_URL": service_url,
         "GPUPOOL_PROFILE": str(lease["profile"]),

@@ -1,7 +1,9 @@
 """The admission queue: requests that could not be placed wait here, servers and jobs alike.
 
-Order is priority (higher first), then arrival (``submitted_at``, earlier first), then the order ``add`` saw
-them, so entries restored after a restart keep their place.
+Order is priority (higher first), then fair share (the user's recent GPU usage, lower first; see
+:mod:`.fair_share`), then arrival (``submitted_at``, earlier first), then the order ``add`` saw them, so entries
+restored after a restart keep their place. Usage changes as time passes, so the queue holds a snapshot:
+``reorder`` takes a new one and sorts again (entries of equal usage keep their relative order).
 
 Admission rule — strict order per device kind, backfill across kinds. ``admit`` walks the queue in order
 and tries an entry only when no entry ahead of it that *competes* with it (see ``competes``) is still waiting,
@@ -21,7 +23,12 @@ from dataclasses import dataclass
 
 from .requests import GpuNeed, MigSlice, Request
 
-_Key = tuple[int, float, int]  # (-priority, submitted_at, sequence): ascending is queue order
+_Key = tuple[int, float, float, int]  # (-priority, usage, submitted_at, sequence): ascending is queue order
+Usage = Callable[[str], float]  # a user's recent GPU usage, for fair share within a priority class
+
+
+def _no_usage(_user: str) -> float:
+    return 0.0
 
 
 class AlreadyQueued(ValueError):
@@ -76,8 +83,10 @@ class AdmissionQueue:
         entries: Iterable[QueuedRequest] = (),
         *,
         competes: Callable[[GpuNeed | None, GpuNeed | None], bool] = competes,
+        usage: Usage = _no_usage,
     ) -> None:
         self._competes = competes
+        self._usage = usage
         self._keys: list[_Key] = []  # sorted; _entries[i] belongs to _keys[i]
         self._entries: list[QueuedRequest] = []
         self._key_of: dict[str, _Key] = {}
@@ -101,12 +110,32 @@ class AdmissionQueue:
     def add(self, entry: QueuedRequest) -> None:
         if entry.id in self._key_of:
             raise AlreadyQueued(f"{entry.id} is already queued")
-        key = (-entry.priority, entry.submitted_at, self._sequence)
+        key = self._key(entry, self._sequence)
         self._sequence += 1
         index = bisect_left(self._keys, key)
         self._keys.insert(index, key)
         self._entries.insert(index, entry)
         self._key_of[entry.id] = key
+
+    def _key(self, entry: QueuedRequest, sequence: int) -> _Key:
+        usage = self._usage(entry.user)
+        if math.isnan(usage):
+            raise ValueError(f"usage of {entry.user} must be a number, got nan")
+        return (-entry.priority, usage, entry.submitted_at, sequence)
+
+    def reorder(self, usage: Usage) -> None:
+        """Take a new snapshot of every user's recent usage and sort the waiting entries by it again."""
+        self._usage = usage
+        rows = sorted(
+            (
+                (self._key(entry, key[-1]), entry)
+                for key, entry in zip(self._keys, self._entries, strict=True)
+            ),
+            key=lambda row: row[0],
+        )
+        self._keys = [key for key, _ in rows]
+        self._entries = [entry for _, entry in rows]
+        self._key_of = {entry.id: key for key, entry in rows}
 
     def remove(self, id: str) -> QueuedRequest:
         """Take an entry out (cancelled, or placed); the others keep their order."""

@@ -13,6 +13,10 @@ JupyterHub sets ``JUPYTERHUB_SERVICE_URL`` (where to listen), ``JUPYTERHUB_SERVI
   hub as ``JUPYTERHUB_API_TOKEN`` (scopes ``list:users`` and ``read:servers``), see :mod:`.reconcile`;
 - ``GPUPOOL_STOP_UNLEASED``: ``1`` to stop a server that runs a gpupool profile without a lease (two passes
   in a row); it needs ``delete:servers`` too. Unset, such servers are only reported.
+- jobs (see :mod:`.jobs`): ``GPUPOOL_JOB_GRACE_SECONDS`` between SIGTERM and SIGKILL when a job is stopped
+  (default 30); ``GPUPOOL_MAX_QUEUED_JOBS`` a user may have waiting (default 100);
+  ``GPUPOOL_JOB_HOME_ROOT``, when the service is not root, the folder of users' homes (``<root>/<user>``)
+  jobs run in; unset, the users' system homes. As root, jobs run as their user's system account.
 
 Everything is read and checked before the port opens, so bad configuration stops the service at start-up.
 """
@@ -40,6 +44,8 @@ from ..pool.policies import PlacementPolicy, policy_by_name
 from ..pool.profiles import ProfileError
 from .app import DEFAULT_PREFIX, create_app
 from .auth import Authenticator
+from .job_store import JobStore
+from .jobs import JobManager
 from .leases import LeaseManager
 from .reconcile import HubClient, reconcile_forever
 from .store import LeaseStore, sqlite_url
@@ -88,6 +94,14 @@ def build(env: Mapping[str, str]) -> tuple[FastAPI, LeaseManager]:
     if not api_url:
         raise SystemExit("JUPYTERHUB_API_URL is not set: run the service from JupyterHub, or set it")
     name = env.get("JUPYTERHUB_SERVICE_NAME") or "gpupool"
+    jobs = JobManager(
+        manager,
+        JobStore(store.engine),
+        profiles,
+        grace=_number(env, "GPUPOOL_JOB_GRACE_SECONDS", 30.0),
+        max_queued=int(_number(env, "GPUPOOL_MAX_QUEUED_JOBS", 100)),
+        home_root=env.get("GPUPOOL_JOB_HOME_ROOT") or None,
+    )
     app = create_app(
         manager,
         profiles,
@@ -95,8 +109,21 @@ def build(env: Mapping[str, str]) -> tuple[FastAPI, LeaseManager]:
         source=pool.source,
         auth=Authenticator(api_url, name),
         prefix=env.get("JUPYTERHUB_SERVICE_PREFIX") or DEFAULT_PREFIX,
+        jobs=jobs,
     )
     return app, manager
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    """A setting of 0 or more; a bad value stops the service, naming it."""
+    raw = env.get(name) or str(default)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SystemExit(f"{name} must be a number, got {raw!r}") from None
+    if not value >= 0:
+        raise SystemExit(f"{name} must be 0 or more, got {raw!r}")
+    return value
 
 
 def placement_policy(env: Mapping[str, str]) -> PlacementPolicy:

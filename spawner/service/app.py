@@ -17,6 +17,8 @@ Status codes, mapped once in :func:`_problem_handlers`:
 - 409 — a profile this pool can never serve (queueing it would wait forever).
 """
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -30,6 +32,8 @@ from ..inventory import describe_pool
 from ..pool.profiles import Profile, UnknownProfile, find_profile, fits_pool
 from ..pool.quotas import QuotaExceeded
 from .auth import Authenticator, Caller
+from .jobs import JobManager
+from .jobs_api import add_job_error_handlers, jobs_router
 from .leases import LeaseManager, NeverFits
 from .models import LeaseOut, LeaseRequest, Problem, ProfileOut
 from .store import Lease, LeaseNotFound
@@ -46,15 +50,22 @@ def create_app(
     auth: Authenticator,
     source: str = "",
     prefix: str = DEFAULT_PREFIX,
+    jobs: JobManager | None = None,
 ) -> FastAPI:
-    """The API for ``manager``'s pool; ``backend`` ("simulated" or "nvml") is shown in ``GET pool``."""
+    """The API for ``manager``'s pool; ``backend`` ("simulated" or "nvml") is shown in ``GET pool``. With
+    ``jobs``, the jobs API too (:mod:`.jobs_api`), and the job manager's loop runs while the app serves."""
     base = "/" + prefix.strip("/") + "/api/v1"
     nodes = manager.pool.nodes
     never_fits = {p.slug: fits_pool(p, [ns.node for ns in nodes]) for p in profiles}
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        loop = asyncio.create_task(jobs.run_forever()) if jobs is not None else None
         yield
+        if loop is not None:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
         await auth.aclose()
 
     app = FastAPI(
@@ -135,6 +146,9 @@ def create_app(
         return _out(manager, manager.release(lease_id, f"released by {caller.kind} {caller.name}"))
 
     app.include_router(router)
+    if jobs is not None:
+        app.include_router(jobs_router(jobs, auth, base))
+        add_job_error_handlers(app)
     return app
 
 

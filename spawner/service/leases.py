@@ -8,6 +8,12 @@ in their order; a lease whose devices the pool no longer has is released with re
 One manager owns a store at a time. Its methods take a lock, so HTTP handlers on several threads may call it.
 Quotas count queued leases as held: a queued lease is admitted later without its user's groups at hand, so
 it must already fit when it is asked for.
+
+Within a priority the queue is ordered by fair share: before each admission pass the manager takes a snapshot
+of every user's GPU usage over the last ``usage_window`` seconds (granted leases, and those released inside
+the window) and the queue sorts by it. Whoever waits for a lease to be granted later (the job manager) is
+told through ``on_granted`` callbacks, called under the lock with the leases just granted: they must only
+take note, never call back into the manager.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TypeVar
 
-from ..pool.devices import Node
+from ..pool.devices import Health, Node
 from ..pool.explain import explain_refusal
+from ..pool.fair_share import DEFAULT_WINDOW, UsageSpan, gpu_weight, recent_usage
 from ..pool.node_state import Option
 from ..pool.policies import PlacementPolicy
 from ..pool.queue import AdmissionQueue, QueuedRequest, competes
@@ -53,13 +60,17 @@ class LeaseManager:
         policy: str | PlacementPolicy = "gpupool",
         quotas: QuotaPolicy | None = None,
         clock: Callable[[], float] = time.time,
+        usage_window: float = DEFAULT_WINDOW,
     ) -> None:
         self.store = store
         self.quotas = quotas
+        self.usage_window = usage_window
         self._clock = clock
         self._lock = threading.RLock()
         self._pool = PoolState(nodes, policy)
+        self._gpu_memory = {g.uuid: g.memory_mib for ns in self._pool.nodes for g in ns.gpus}
         self._queue = AdmissionQueue()
+        self._granted_listeners: list[Callable[[list[Lease]], None]] = []
         self.released_at_start = self._restore()
 
     @property
@@ -78,9 +89,14 @@ class LeaseManager:
         profile_slug: str,
         request: Request,
         priority: int = 0,
+        *,
+        arrival: float | None = None,
+        lease_id: str | None = None,
     ) -> Lease:
         """A granted lease when devices are free and nobody competing waits ahead, else a queued one.
 
+        ``arrival`` (default now) is the time the queue orders by: a job the pool put back in the queue keeps
+        the place its first submission earned. ``lease_id`` picks the new lease's id (default: a random one).
         Raises :class:`~..pool.quotas.QuotaExceeded` or :class:`NeverFits`, and then stores nothing.
         """
         with self._lock:
@@ -89,7 +105,10 @@ class LeaseManager:
                 refusal = self.quotas.check(user, groups, request, held)
                 if refusal is not None:
                     raise refusal
-            new = NewLease(owner_kind, user, owner_name, profile_slug, request, priority, self._clock())
+            at = self._clock() if arrival is None else arrival
+            new = NewLease(owner_kind, user, owner_name, profile_slug, request, priority, at)
+            if lease_id is not None:
+                new = replace(new, id=lease_id)
             # Never slip past a competing request already waiting at this priority or above.
             blocked = any(
                 e.priority >= priority and competes(e.request.gpu, request.gpu) for e in self._queue.entries()
@@ -140,8 +159,43 @@ class LeaseManager:
             return True
 
         with self._lock:
+            if len(self._queue) > 1:
+                usage = self.recent_usage()
+                self._queue.reorder(lambda user: usage.get(user, 0.0))
             self._queue.admit(try_place)
+            if granted:
+                for listener in self._granted_listeners:
+                    listener(granted)
         return granted
+
+    def on_granted(self, listener: Callable[[list[Lease]], None]) -> None:
+        """Call ``listener`` with the leases each admission pass grants (see the module docstring)."""
+        with self._lock:
+            self._granted_listeners.append(listener)
+
+    def recent_usage(self) -> dict[str, float]:
+        """GPU-seconds per user over the last ``usage_window`` seconds: the fair-share snapshot."""
+        with self._lock:
+            now = self._clock()
+            spans = [
+                UsageSpan(lease.user, self._weight(lease), lease.granted_at or now, lease.released_at)
+                for lease in self.store.granted_since(now - self.usage_window)
+            ]
+            return recent_usage(spans, now, self.usage_window)
+
+    def _weight(self, lease: Lease) -> float:
+        mig = [g for g in lease.devices if g.kind == "mig"]
+        if mig:
+            return gpu_weight(lease.request, mig[0].memory_mib, self._gpu_memory.get(mig[0].gpu_uuid, 0))
+        return gpu_weight(lease.request)
+
+    def set_health(self, node: str, health: Health, gpu_index: int | None = None) -> None:
+        """Mark a node, or one GPU on it, as the backend reports it; held devices stay held (their owners are
+        told by whoever called), new placements avoid it. KeyError names an unknown node or GPU."""
+        with self._lock:
+            self._pool.set_health(node, health, gpu_index)
+            if health is Health.HEALTHY:
+                self.admit()
 
     # ---- reading ----------------------------------------------------------------------------------------
 

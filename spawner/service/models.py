@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..pool.jobs import Job
 from ..pool.profiles import Profile
 from ..pool.state import Grant
 from .store import Lease, request_to_json
@@ -129,3 +130,125 @@ class Problem(BaseModel):
     error: str
     detail: str
     fields: list[str] = Field(default_factory=list, description="the request fields at fault, if any")
+
+
+# ---- jobs ------------------------------------------------------------------------------------------------
+
+
+class JobRequest(BaseModel):
+    """``POST jobs``: a command to run on a profile's devices, as the caller."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: list[str] = Field(
+        min_length=1,
+        description='the program and its arguments, never a shell string: ["python", "train.py"]',
+    )
+    profile: str = Field(min_length=1, max_length=63, description="the profile's slug, e.g. a100-pair")
+    name: str | None = Field(default=None, max_length=255, description="default: the program's name")
+    working_dir: str | None = Field(
+        default=None, max_length=4096, description="an absolute directory inside your home; default: the home"
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    max_runtime: float | None = Field(
+        default=None, description="seconds one run may take; default and limit: the profile's max_lifetime"
+    )
+    priority_class: str = Field(default="batch", description='"batch" (default) or "low"')
+    retries: int = Field(default=2, ge=0, le=20, description="times the pool may requeue it after a fault")
+    submission_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        description="your id for this submission: sending it again returns the same job, never a second one",
+    )
+
+
+class TransitionOut(BaseModel):
+    state: str
+    at: float
+    reason: str
+
+
+class JobOut(BaseModel):
+    id: str
+    user: str
+    name: str
+    profile: str
+    state: Literal["queued", "running", "requeued", "succeeded", "failed", "cancelled", "timed-out"]
+    reason: str = Field(description="why it is in its state")
+    command: list[str]
+    working_dir: str
+    env: dict[str, str]
+    priority_class: str
+    retries: int
+    max_runtime: float | None
+    submission_id: str | None
+    attempts: int = Field(description="runs started so far")
+    lease_id: str | None
+    node: str | None
+    devices: list[Device]
+    visible_devices: str
+    position: int | None = Field(description="place in the queue (0 is next) while waiting")
+    checkpoint_dir: str
+    log_path: str
+    exit_code: int | None
+    stopping: str | None = Field(
+        description="while a stop is under way: what the job becomes once it is done"
+    )
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    history: list[TransitionOut]
+
+    @classmethod
+    def from_job(cls, job: Job, lease: Lease | None, position: int | None) -> JobOut:
+        held = lease is not None and lease.state.value == "granted" and job.state.value == "running"
+        return cls(
+            id=job.id,
+            user=job.user,
+            name=job.name,
+            profile=job.profile,
+            state=job.state.value,
+            reason=job.reason,
+            command=list(job.command),
+            working_dir=job.working_dir,
+            env=dict(job.env),
+            priority_class=job.priority_class,
+            retries=job.retries,
+            max_runtime=job.max_runtime,
+            submission_id=job.submission_id,
+            attempts=job.attempts,
+            lease_id=job.lease_id,
+            node=lease.node if lease is not None and held else None,
+            devices=[Device.from_grant(g) for g in lease.devices] if lease is not None and held else [],
+            visible_devices=lease.visible_devices if lease is not None and held else "",
+            position=position,
+            checkpoint_dir=f"{job.job_dir}/checkpoints",
+            log_path=f"{job.job_dir}/output.log",
+            exit_code=job.exit_code,
+            stopping=job.stop.then.value if job.stop is not None else None,
+            submitted_at=job.submitted_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            history=[TransitionOut(state=t.state.value, at=t.at, reason=t.reason) for t in job.history],
+        )
+
+
+class FaultRequest(BaseModel):
+    """``POST admin/faults``: mark a node, or one GPU on it, unhealthy (the simulated backend's fault)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: str = Field(min_length=1, max_length=253)
+    gpu_index: int | None = Field(
+        default=None, ge=0, description="the GPU's index; leave out for the whole node"
+    )
+
+
+class FaultOut(BaseModel):
+    node: str
+    gpu_index: int | None
+    health: str
+    stopped_jobs: list[str] = Field(
+        description="jobs stopped to be requeued (or failed, with no retries left)"
+    )

@@ -260,6 +260,16 @@ class LeaseStore:
         """Every user's leases, oldest first; released ones too unless ``active_only``."""
         return self.active() if active_only else self._query()
 
+    def granted_since(self, since: float) -> list[Lease]:
+        """Every lease that held devices at some time after ``since``: granted ones, and those released since
+        (what fair share adds up)."""
+        released = self._query(
+            LeaseRow.state == LeaseState.RELEASED.value,
+            LeaseRow.granted_at.is_not(None),
+            LeaseRow.released_at >= since,
+        )
+        return [lease for lease in self._active.values() if lease.state is LeaseState.GRANTED] + released
+
     def active(self) -> list[Lease]:
         """Every queued or granted lease, in arrival order: what a restart must restore."""
         return list(self._active.values())

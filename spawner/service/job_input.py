@@ -1,0 +1,120 @@
+"""Checking a job submission before anything is stored: each problem is an :class:`InvalidJob` naming the field.
+
+What is checked here needs the host (the user's home, the command on disk), so it lives in the service, not
+the domain: the working directory must resolve (symlinks followed) inside the user's home, the command must
+be an executable found from there, the environment may not set what gpupool sets, and the maximum runtime
+must fit the profile's limit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..pool.jobs import PRIORITY_CLASSES, USER_JOB_CLASSES
+from ..pool.profiles import Profile
+from .runner import Identity, find_executable
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_RESERVED = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+
+
+class InvalidJob(ValueError):
+    """A submission the service cannot run; ``field`` names the part at fault, the message says why."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class CheckedJob:
+    """A submission with its defaults filled in and its paths resolved."""
+
+    command: tuple[str, ...]
+    working_dir: str
+    env: dict[str, str]
+    max_runtime: float | None
+    priority_class: str
+    name: str
+
+
+def check_submission(
+    *,
+    identity: Identity,
+    profile: Profile,
+    command: Sequence[str],
+    working_dir: str | None,
+    env: Mapping[str, str],
+    max_runtime: float | None,
+    priority_class: str,
+    name: str | None,
+    is_admin: bool,
+) -> CheckedJob:
+    """The submission checked and completed, or :class:`InvalidJob` for its first problem."""
+    if not command or not command[0]:
+        raise InvalidJob("command", 'must be a non-empty list of arguments, e.g. ["python", "train.py"]')
+    if any("\0" in arg for arg in command):
+        raise InvalidJob("command", "arguments may not contain NUL characters")
+    checked_env = _check_env(env)
+    directory = resolve_working_dir(working_dir, identity.home)
+    path = checked_env.get("PATH") or os.environ.get("PATH") or ""
+    if find_executable(command[0], directory, path) is None:
+        where = f"in {directory}" if "/" in command[0] else f"on PATH ({path})"
+        raise InvalidJob("command", f"{command[0]!r} is not an executable file {where}")
+    if priority_class not in PRIORITY_CLASSES:
+        raise InvalidJob(
+            "priority_class", f"must be one of {', '.join(PRIORITY_CLASSES)}, got {priority_class!r}"
+        )
+    if priority_class not in USER_JOB_CLASSES and not is_admin:
+        allowed = " or ".join(sorted(USER_JOB_CLASSES))
+        raise InvalidJob(
+            "priority_class", f"{priority_class} is for servers and administrators; use {allowed}"
+        )
+    limit = profile.max_lifetime
+    if max_runtime is not None and max_runtime <= 0:
+        raise InvalidJob("max_runtime", f"must be more than 0 seconds, got {max_runtime:g}")
+    if max_runtime is not None and limit is not None and max_runtime > limit:
+        raise InvalidJob(
+            "max_runtime", f"{max_runtime:g} s is over profile {profile.slug}'s limit of {limit} s"
+        )
+    return CheckedJob(
+        command=tuple(command),
+        working_dir=directory,
+        env=checked_env,
+        max_runtime=max_runtime if max_runtime is not None else limit,
+        priority_class=priority_class,
+        name=name or os.path.basename(command[0]),
+    )
+
+
+def resolve_working_dir(raw: str | None, home: str) -> str:
+    """The working directory with symlinks resolved; it must be the home or inside it, and exist."""
+    real_home = os.path.realpath(home)
+    if not raw:
+        raw = home
+    if not os.path.isabs(raw):
+        raise InvalidJob("working_dir", f"must be an absolute path inside your home {home}, got {raw!r}")
+    real = os.path.realpath(raw)
+    if real != real_home and not real.startswith(real_home.rstrip("/") + "/"):
+        raise InvalidJob(
+            "working_dir", f"{raw} is outside your home {home} (after following '..' and symlinks)"
+        )
+    if not os.path.isdir(real):
+        raise InvalidJob("working_dir", f"{raw} is not an existing directory")
+    return real
+
+
+def _check_env(env: Mapping[str, str]) -> dict[str, str]:
+    for key, value in env.items():
+        if not _ENV_NAME.fullmatch(key):
+            raise InvalidJob(
+                f"env.{key}", "a variable name is letters, digits and '_', not starting with a digit"
+            )
+        if key in _RESERVED or key.startswith("GPUPOOL_"):
+            raise InvalidJob(f"env.{key}", "gpupool sets this from the job's lease; leave it out")
+        if "\0" in value:
+            raise InvalidJob(f"env.{key}", "values may not contain NUL characters")
+    return dict(env)

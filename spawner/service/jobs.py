@@ -1,0 +1,436 @@
+"""The job manager: jobs as lease owners. It asks the lease manager for a lease, starts the job when the lease
+is granted, watches its process group, stops it (SIGTERM, a grace period, SIGKILL) when cancelled, past its
+maximum runtime or on a device fault, and releases the lease once the group is gone.
+
+The store comes first, as with leases: a job's lease is requested before the job is recorded (a quota refusal
+stores nothing), a lease is released before the job's end is recorded, and a job is marked running before
+its process starts, so after a crash anywhere the next start finds out what really happened: it re-adopts a
+running group (by pid and start time, or by the job id in a process's environment), records the end of a
+group that ended meanwhile (from the exit status the run wrote), and releases job leases whose job never
+got recorded. Lease ids of a job are ``<job id>-<n>`` for its n-th lease, so a retried requeue reuses the
+lease it already asked for instead of queueing twice.
+
+The supervision loop (:meth:`JobManager.run_forever`) calls :meth:`JobManager.step` every ``interval`` seconds
+and at once when an admission pass grants a lease. Everything runs on the service's event loop; the
+methods also take a lock, so threads may call them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from ..pool.devices import Health
+from ..pool.jobs import DEFAULT_JOB_CLASS, Job, JobState, StopRequest, priority_of
+from ..pool.profiles import Profile, find_profile
+from ..pool.quotas import QuotaExceeded
+from . import runner
+from .job_input import check_submission
+from .job_store import JobNotFound, JobStore
+from .leases import LeaseManager, NeverFits
+from .store import Lease, LeaseState, new_lease_id
+
+log = logging.getLogger(__name__)
+
+
+class TooManyQueuedJobs(ValueError):
+    """The user already has as many jobs waiting as a user may; the message says how many."""
+
+
+class SubmissionConflict(ValueError):
+    """A submission id already used for a different job."""
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What a user asks to run (see ``POST jobs``)."""
+
+    profile: str
+    command: Sequence[str]
+    name: str | None = None
+    working_dir: str | None = None
+    env: Mapping[str, str] | None = None
+    max_runtime: float | None = None
+    priority_class: str = DEFAULT_JOB_CLASS
+    retries: int = 2
+    submission_id: str | None = None
+
+
+class JobManager:
+    """Runs jobs on leases from ``leases``, recording each change in ``store`` first."""
+
+    def __init__(
+        self,
+        leases: LeaseManager,
+        store: JobStore,
+        profiles: Sequence[Profile],
+        *,
+        grace: float = 30.0,
+        max_queued: int = 100,
+        home_root: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.leases = leases
+        self.store = store
+        self.profiles = tuple(profiles)
+        self.grace = grace
+        self.max_queued = max_queued
+        self.home_root = home_root
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}  # runs this process started, to reap
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        leases.on_granted(self._granted)
+        self._restore()
+
+    def identity(self, user: str) -> runner.Identity:
+        return runner.identity_for(user, home_root=self.home_root)
+
+    # ---- asking ---------------------------------------------------------------------------------------
+
+    def submit(
+        self, user: str, groups: Iterable[str], ask: Submission, *, is_admin: bool = False
+    ) -> tuple[Job, bool]:
+        """The job (queued, with a granted or queued lease) and whether it is new: a ``submission_id`` already
+        used by ``user`` returns that job instead. Raises :class:`InvalidJob`, :class:`NoSystemAccount`,
+        :class:`TooManyQueuedJobs`, :class:`SubmissionConflict`, QuotaExceeded, NeverFits or UnknownProfile."""
+        groups = frozenset(groups)
+        with self._lock:
+            if ask.submission_id is not None:
+                earlier = self.store.by_submission(user, ask.submission_id)
+                if earlier is not None:
+                    if earlier.command != tuple(ask.command) or earlier.profile != ask.profile:
+                        raise SubmissionConflict(
+                            f"submission_id: {ask.submission_id!r} was already used for job {earlier.id} "
+                            "with a different command or profile"
+                        )
+                    return earlier, False
+            profile = find_profile(self.profiles, ask.profile)
+            identity = self.identity(user)
+            checked = check_submission(
+                identity=identity,
+                profile=profile,
+                command=ask.command,
+                working_dir=ask.working_dir,
+                env=ask.env or {},
+                max_runtime=ask.max_runtime,
+                priority_class=ask.priority_class,
+                name=ask.name,
+                is_admin=is_admin,
+            )
+            waiting = sum(1 for j in self.store.live() if j.user == user and self._waits_for_devices(j))
+            if waiting >= self.max_queued:
+                raise TooManyQueuedJobs(
+                    f"{user} has {waiting} queued jobs, the most a user may have waiting "
+                    f"(max_queued_jobs {self.max_queued}); cancel one or wait for one to start"
+                )
+            job_id = new_lease_id()
+            lease = self.leases.request_lease(
+                user,
+                groups,
+                "job",
+                job_id,
+                profile.slug,
+                profile.request(),
+                priority_of(checked.priority_class),
+                lease_id=f"{job_id}-1",
+            )
+            job = Job(
+                id=job_id,
+                user=user,
+                name=checked.name,
+                profile=profile.slug,
+                command=checked.command,
+                working_dir=checked.working_dir,
+                env=checked.env,
+                priority_class=checked.priority_class,
+                retries=ask.retries,
+                max_runtime=checked.max_runtime,
+                submitted_at=lease.created_at,
+                submission_id=ask.submission_id,
+                groups=groups,
+                lease_id=lease.id,
+                job_dir=runner.job_dir(identity, job_id),
+            )
+            try:
+                self.store.add(job)
+            except BaseException:
+                self.leases.release(lease.id, "its job could not be recorded")
+                raise
+        self._poke()
+        return job, True
+
+    def _waits_for_devices(self, job: Job) -> bool:
+        """Queued with its lease queued too: what the cap counts (a granted lease starts at the next step)."""
+        lease = self.lease_of(job) if job.state.waiting else None
+        return lease is not None and lease.state is LeaseState.QUEUED
+
+    def cancel(self, job_id: str, by: str) -> Job:
+        """Cancel: a waiting job at once, a running one by SIGTERM, the grace period, then SIGKILL (it becomes
+        cancelled when its group is gone). A finished job is returned unchanged."""
+        with self._lock:
+            job = self.get(job_id)
+            now = self._clock()
+            reason = f"cancelled by {by}"
+            if job.state.waiting:
+                self._release(job, reason)
+                return self.store.save(job.to(JobState.CANCELLED, now, reason))
+            if job.state is JobState.RUNNING:
+                return self._stop(job, JobState.CANCELLED, reason, now)
+            return job
+
+    def fault(self, node: str, gpu_index: int | None) -> list[Job]:
+        """Mark a node (or one GPU on it) unhealthy; every job running on it is stopped and put back in the
+        queue (up to its retries). KeyError names an unknown node or GPU. Returns the jobs stopped."""
+        with self._lock:
+            self.leases.set_health(node, Health.UNHEALTHY, gpu_index)
+            gpus = self.leases.pool.node(node).gpus
+            uuid = next((g.uuid for g in gpus if g.index == gpu_index), None)
+            what = f"GPU {gpu_index} of node {node}" if gpu_index is not None else f"node {node}"
+            stopped = []
+            now = self._clock()
+            for job in self.store.live():
+                if job.state is not JobState.RUNNING or job.lease_id is None:
+                    continue
+                lease = self.leases.get(job.lease_id)
+                if lease.node == node and (uuid is None or any(g.gpu_uuid == uuid for g in lease.devices)):
+                    stopped.append(self._stop(job, JobState.REQUEUED, f"{what} was marked unhealthy", now))
+            return stopped
+
+    # ---- reading ----------------------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> Job:
+        job = self.store.get(job_id)
+        if job is None:
+            raise JobNotFound(f"no job {job_id!r}")
+        return job
+
+    def jobs_for(self, user: str) -> list[Job]:
+        return self.store.list_for_user(user)
+
+    def all_jobs(self) -> list[Job]:
+        return self.store.list_all()
+
+    def lease_of(self, job: Job) -> Lease | None:
+        return self.leases.get(job.lease_id) if job.lease_id else None
+
+    def position(self, job: Job) -> int | None:
+        """Place of the job's lease in the queue while it waits (0 is next)."""
+        if not job.state.waiting or job.lease_id is None:
+            return None
+        return self.leases.position(job.lease_id)
+
+    def read_log(self, job: Job, offset: int = 0, limit: int = 1 << 20) -> bytes:
+        uid = None
+        with contextlib.suppress(runner.NoSystemAccount):
+            uid = self.identity(job.user).uid
+        if uid is None and os.geteuid() == 0:
+            return b""  # no account to check the file's owner against: read nothing as root
+        return runner.read_log(job.job_dir, uid, offset, limit)
+
+    # ---- the supervision loop -----------------------------------------------------------------------------
+
+    async def run_forever(self, interval: float = 0.25) -> None:
+        """Call :meth:`step` every ``interval`` seconds, and at once after a lease is granted."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        while True:
+            try:
+                self.step()
+            except Exception:
+                log.exception("job supervision step failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), interval)
+            self._wake.clear()
+
+    def _granted(self, leases: list[Lease]) -> None:
+        if any(lease.owner_kind == "job" for lease in leases):
+            self._poke()
+
+    def _poke(self) -> None:
+        if self._loop is not None and self._wake is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def step(self) -> None:
+        """One pass: start jobs whose lease was granted, and watch running ones (exit, runtime, stop)."""
+        with self._lock:
+            for process in list(self._processes.values()):
+                process.poll()  # reap our own children, so a finished leader is not left a zombie
+            for job in self.store.live():
+                try:
+                    if job.state.waiting:
+                        self._start_if_granted(job)
+                    elif job.state is JobState.RUNNING:
+                        self._watch(job)
+                except Exception:
+                    log.exception("job %s of %s", job.id, job.user)
+
+    def _start_if_granted(self, job: Job) -> None:
+        lease = self.lease_of(job)
+        if lease is None or lease.state is LeaseState.QUEUED:
+            return
+        now = self._clock()
+        if lease.state is LeaseState.RELEASED:
+            self.store.save(job.to(JobState.FAILED, now, f"its lease was released: {lease.release_reason}"))
+            return
+        attempt = job.attempts + 1
+        try:
+            identity = self.identity(job.user)
+        except runner.NoSystemAccount as error:
+            self._release(job, "job could not start")
+            self.store.save(job.to(JobState.FAILED, now, str(error)))
+            return
+        devices = ", ".join(g.label for g in lease.devices) or "no GPU"
+        # Recorded as running first: a crash right after the launch is then found again, never run twice.
+        job = self.store.save(
+            job.to(
+                JobState.RUNNING,
+                now,
+                f"attempt {attempt} started on {lease.node} ({devices})",
+                attempts=attempt,
+                pid=None,
+                pid_start=None,
+                started_at=now,
+                exit_code=None,
+            )
+        )
+        env = runner.job_env(identity, job.id, job.job_dir, lease.visible_devices, job.env, attempt=attempt)
+        try:
+            started = runner.launch(identity, job.command, job.working_dir, job.job_dir, attempt, env)
+        except OSError as error:
+            self._release(job, "job could not start")
+            self.store.save(job.to(JobState.FAILED, self._clock(), f"the command could not start: {error}"))
+            return
+        self._processes[job.id] = started.process
+        self.store.save(replace(job, pid=started.pid, pid_start=started.start))
+        log.info("job %s of %s: attempt %d started, pid %d", job.id, job.user, attempt, started.pid)
+
+    def _watch(self, job: Job) -> None:
+        now = self._clock()
+        if job.pid is None:
+            found = runner.find_leader(job.id, job.attempts)
+            if found is None:
+                self._ended(job, now)
+                return
+            job = self.store.save(replace(job, pid=found[0], pid_start=found[1]))
+        assert job.pid is not None
+        if not runner.group_alive(job.pid, job.pid_start, job.id):
+            self._ended(job, now)
+            return
+        if job.stop is not None:
+            if not job.stop.killed and now >= job.stop.kill_at:
+                runner.signal_group(job.pid, job.pid_start, job.id, signal.SIGKILL)
+                self.store.save(replace(job, stop=replace(job.stop, killed=True)))
+            return
+        if (
+            job.max_runtime is not None
+            and job.started_at is not None
+            and now >= job.started_at + job.max_runtime
+        ):
+            self._stop(job, JobState.TIMED_OUT, f"ran past its maximum runtime of {job.max_runtime:g} s", now)
+
+    def _stop(self, job: Job, then: JobState, reason: str, now: float) -> Job:
+        stopping = job.with_stop(StopRequest(then, reason, now, now + self.grace))
+        if stopping is job:
+            return job
+        job = self.store.save(stopping)
+        if job.pid is not None:
+            runner.signal_group(job.pid, job.pid_start, job.id, signal.SIGTERM)
+        self._poke()
+        return job
+
+    def _ended(self, job: Job, now: float) -> None:
+        """The run's process group is gone: release its lease and record how it ended."""
+        process = self._processes.pop(job.id, None)
+        if process is not None:
+            process.poll()
+        uid = None
+        with contextlib.suppress(runner.NoSystemAccount):
+            uid = self.identity(job.user).uid
+        code = runner.exit_status(job.job_dir, job.attempts, uid)
+        stop = job.stop
+        if stop is not None and stop.then is JobState.REQUEUED:
+            self._requeue(job, now, stop.reason, code)
+            return
+        if stop is not None:
+            state, reason = stop.then, stop.reason
+        elif code == 0:
+            state, reason = JobState.SUCCEEDED, "the command exited with status 0"
+        elif code is None:
+            state, reason = JobState.FAILED, "the run ended without an exit status (killed by a signal?)"
+        else:
+            state, reason = JobState.FAILED, f"the command exited with status {code}"
+        self._release(job, f"job {state}")
+        self.store.save(job.to(state, now, reason, exit_code=code))
+        log.info("job %s of %s: %s (%s)", job.id, job.user, state, reason)
+
+    def _requeue(self, job: Job, now: float, reason: str, code: int | None) -> None:
+        self._release(job, reason)
+        if not job.may_requeue:
+            self.store.save(
+                job.to(JobState.FAILED, now, f"{reason}; no retries left ({job.retries})", exit_code=code)
+            )
+            return
+        lease_id = f"{job.id}-{job.requeues + 2}"
+        try:
+            lease = self.leases.get(lease_id)
+        except LookupError:
+            try:
+                profile = find_profile(self.profiles, job.profile)
+                lease = self.leases.request_lease(
+                    job.user,
+                    job.groups,
+                    "job",
+                    job.id,
+                    profile.slug,
+                    profile.request(),
+                    priority_of(job.priority_class),
+                    arrival=job.submitted_at,
+                    lease_id=lease_id,
+                )
+            except (QuotaExceeded, NeverFits, LookupError) as error:
+                self.store.save(job.to(JobState.FAILED, now, f"{reason}; it could not be requeued: {error}"))
+                return
+        retry = f"retry {job.requeues + 1} of {job.retries}"
+        self.store.save(
+            job.to(
+                JobState.REQUEUED,
+                now,
+                f"{reason}; requeued ({retry})",
+                lease_id=lease.id,
+                pid=None,
+                pid_start=None,
+                exit_code=code,
+            )
+        )
+        log.info("job %s of %s requeued: %s", job.id, job.user, reason)
+
+    def _release(self, job: Job, reason: str) -> None:
+        if job.lease_id is not None:
+            with contextlib.suppress(LookupError):
+                self.leases.release(job.lease_id, reason)
+
+    # ---- after a restart --------------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        """Release job leases whose job was never recorded; running jobs are re-adopted by the first step."""
+        live = {job.id for job in self.store.live()}
+        for lease in self.leases.all_leases(active_only=True):
+            if lease.owner_kind == "job" and lease.owner_name not in live:
+                self.leases.release(
+                    lease.id, "its job was not recorded (the service stopped while submitting)"
+                )
+        for job in self.store.live():
+            if job.state is JobState.RUNNING:
+                log.info(
+                    "job %s of %s: re-adopting attempt %d (pid %s)", job.id, job.user, job.attempts, job.pid
+                )

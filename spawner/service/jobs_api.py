@@ -1,0 +1,201 @@
+"""The jobs API: submit, list, read, follow the log of, and cancel training jobs; and the admin's fault switch.
+
+Mounted by :func:`.app.create_app` beside the lease routes, with the same conventions: every error is a
+``Problem``; 400 names the field (an empty command, a working directory outside the home, an unknown profile,
+a runtime over the profile's limit); 403 for a job of another user (whose it is is not said), a profile the
+user's groups may not use, a quota or the cap on queued jobs (``quota_exceeded``), and a user with no system
+account to run as; 404 for no such job; 409 for a ``submission_id`` reused for a different job. Users see
+and touch only their own jobs; admins (``custom:gpupool:admin``) and the hub (``custom:gpupool:leases``) see
+all. This module has no ``from __future__ import annotations``: FastAPI resolves ``caller`` at run time.
+"""
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response, status
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ..pool.devices import Health
+from ..pool.profiles import find_profile
+from .auth import Caller
+from .job_input import InvalidJob
+from .job_store import JobNotFound
+from .jobs import JobManager, Submission, SubmissionConflict, TooManyQueuedJobs
+from .models import FaultOut, FaultRequest, JobOut, JobRequest, Problem
+from .runner import NoSystemAccount
+
+_STREAM_POLL = 0.2  # seconds between looks at a followed log
+
+
+def jobs_router(jobs: JobManager, auth: Callable[..., Coroutine[Any, Any, Caller]], prefix: str) -> APIRouter:
+    """The job and fault routes under ``prefix`` (``…/api/v1``), authenticated by the ``auth`` dependency."""
+    errors: dict[int | str, dict[str, Any]] = {code: {"model": Problem} for code in (400, 401, 403, 404, 409)}
+    router = APIRouter(prefix=prefix, responses=errors)
+    CallerDep = Annotated[Caller, Depends(auth)]
+
+    def out(job_id: str) -> JobOut:
+        job = jobs.get(job_id)
+        return JobOut.from_job(job, jobs.lease_of(job), jobs.position(job))
+
+    def visible(caller: Caller, job_id: str) -> str:
+        job = jobs.get(job_id)
+        if not caller.may_see(job.user):
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"job {job_id} belongs to another user; only they and admins see it",
+            )
+        return job.id
+
+    @router.post("/jobs", status_code=status.HTTP_201_CREATED, summary="Submit a job (queued until it runs)")
+    async def post_job(body: JobRequest, caller: CallerDep, response: Response) -> JobOut:
+        if caller.kind != "user":
+            raise HTTPException(status.HTTP_403_FORBIDDEN, "jobs run as a user; submit with a user's token")
+        profile = find_profile(jobs.profiles, body.profile)
+        if not profile.visible_to(caller.groups, caller.is_admin):
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"profile: only members of {' or '.join(sorted(profile.groups))} may use {profile.slug}",
+            )
+        ask = Submission(
+            profile=body.profile,
+            command=body.command,
+            name=body.name,
+            working_dir=body.working_dir,
+            env=body.env,
+            max_runtime=body.max_runtime,
+            priority_class=body.priority_class,
+            retries=body.retries,
+            submission_id=body.submission_id,
+        )
+        job, created = jobs.submit(caller.name, caller.groups, ask, is_admin=caller.is_admin)
+        if not created:
+            response.status_code = status.HTTP_200_OK
+        return out(job.id)
+
+    @router.get("/jobs", summary="The caller's jobs; every job (or one user's) for admins and the hub")
+    async def list_jobs(caller: CallerDep, user: str | None = None) -> list[JobOut]:
+        sees_all = caller.is_admin or caller.acts_for_others
+        if user is not None and user != caller.name and not sees_all:
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN, f"user: {caller.name} may list only their own jobs"
+            )
+        found = jobs.all_jobs() if user is None and sees_all else jobs.jobs_for(user or caller.name)
+        return [JobOut.from_job(job, jobs.lease_of(job), jobs.position(job)) for job in found]
+
+    @router.get("/jobs/{job_id}", summary="One job, with its history")
+    async def get_job(job_id: str, caller: CallerDep) -> JobOut:
+        return out(visible(caller, job_id))
+
+    @router.get(
+        "/jobs/{job_id}/logs",
+        summary="The job's output; with follow=true, streamed until the job ends",
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/plain": {}}}},
+    )
+    async def get_logs(job_id: str, caller: CallerDep, follow: bool = False, offset: int = 0) -> Response:
+        visible(caller, job_id)
+        if offset < 0:
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, "offset: must be 0 or more")
+        if not follow:
+            return Response(_read_all(jobs, job_id, offset), media_type="text/plain; charset=utf-8")
+        return StreamingResponse(_follow(jobs, job_id, offset), media_type="text/plain; charset=utf-8")
+
+    @router.delete(
+        "/jobs/{job_id}", summary="Cancel a job; it answers once the job has stopped (or its grace ran out)"
+    )
+    async def delete_job(job_id: str, caller: CallerDep) -> JobOut:
+        visible(caller, job_id)
+        job = jobs.cancel(job_id, f"{caller.kind} {caller.name}")
+        deadline = asyncio.get_running_loop().time() + jobs.grace + 5
+        while not job.state.finished and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+            job = jobs.get(job_id)
+        return out(job_id)
+
+    @router.post(
+        "/admin/faults", summary="Mark a node or a GPU unhealthy; jobs on it are stopped and requeued"
+    )
+    async def post_fault(body: FaultRequest, caller: CallerDep) -> FaultOut:
+        if not caller.is_admin:
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN, "only a token with custom:gpupool:admin may inject faults"
+            )
+        try:
+            stopped = jobs.fault(body.node, body.gpu_index)
+        except KeyError as error:
+            field = "gpu_index" if body.gpu_index is not None and "GPU" in str(error) else "node"
+            raise _JobProblem(
+                400, "invalid_request", f"{field}: no such {field} ({error.args[0]})", field
+            ) from None
+        return FaultOut(
+            node=body.node,
+            gpu_index=body.gpu_index,
+            health=Health.UNHEALTHY.value,
+            stopped_jobs=[job.id for job in stopped],
+        )
+
+    return router
+
+
+def _read_all(jobs: JobManager, job_id: str, offset: int) -> bytes:
+    job = jobs.get(job_id)
+    chunks = []
+    while chunk := jobs.read_log(job, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+async def _follow(jobs: JobManager, job_id: str, offset: int) -> AsyncIterator[bytes]:
+    """The log from ``offset`` as it grows; ends once the job has finished and everything is sent."""
+    while True:
+        job = jobs.get(job_id)  # read the state first: a job that finished has written its last line
+        chunk = jobs.read_log(job, offset)
+        if chunk:
+            offset += len(chunk)
+            yield chunk
+            continue
+        if job.state.finished:
+            return
+        await asyncio.sleep(_STREAM_POLL)
+
+
+class _JobProblem(Exception):
+    def __init__(self, code: int, error: str, detail: str, field: str | None = None) -> None:
+        self.code, self.error, self.detail, self.field = code, error, detail, field
+        super().__init__(detail)
+
+
+def add_job_error_handlers(app: FastAPI) -> None:
+    """The job errors as :class:`Problem` bodies, mapped once."""
+
+    def problem(code: int, error: str, detail: str, fields: list[str]) -> JSONResponse:
+        return JSONResponse(Problem(error=error, detail=detail, fields=fields).model_dump(), status_code=code)
+
+    async def invalid(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, InvalidJob)
+        return problem(400, "invalid_request", str(exc), [exc.field])
+
+    async def no_account(_request: Request, exc: Exception) -> JSONResponse:
+        return problem(403, "no_system_account", str(exc), [])
+
+    async def capped(_request: Request, exc: Exception) -> JSONResponse:
+        return problem(403, "quota_exceeded", str(exc), [])
+
+    async def conflict(_request: Request, exc: Exception) -> JSONResponse:
+        return problem(409, "submission_conflict", str(exc), ["submission_id"])
+
+    async def not_found(_request: Request, exc: Exception) -> JSONResponse:
+        return problem(404, "not_found", str(exc), [])
+
+    async def job_problem(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, _JobProblem)
+        return problem(exc.code, exc.error, exc.detail, [exc.field] if exc.field else [])
+
+    app.add_exception_handler(InvalidJob, invalid)
+    app.add_exception_handler(NoSystemAccount, no_account)
+    app.add_exception_handler(TooManyQueuedJobs, capped)
+    app.add_exception_handler(SubmissionConflict, conflict)
+    app.add_exception_handler(JobNotFound, not_found)
+    app.add_exception_handler(_JobProblem, job_problem)

@@ -1,0 +1,285 @@
+"""The local job runner: start a job's command as its user in a process group of its own, find it again after
+a restart, signal it, and read what it left (exit status, log).
+
+Identity. "Runs as the user, never as root": when the service runs as root, a job runs as its user's system
+account (``pwd``), with that account's groups, and a user without one (or whose account is root) is refused
+with :class:`NoSystemAccount`. When the service is not root, jobs run as the service's own user, the simple
+single-machine mode that :class:`~..hub.spawner.SimpleLocalGPUSpawner` is for servers; homes are then
+``home_root/<user>``.
+
+Files. Each job has a directory in its user's home, ``~/.gpupool/jobs/<id>/``, made by the job's own process
+as the user (so the service never writes into a home as root): ``output.log`` (stdout and stderr, appended by
+every attempt, private to the user), ``checkpoints/`` (``GPUPOOL_CHECKPOINT_DIR``, the same for every attempt)
+and ``exit.<attempt>`` (the command's exit status). The job writes its log itself, so nothing is lost while the
+service is down; the service only reads it, refusing symlinks and files the user does not own.
+
+The process: ``/bin/sh`` as the group leader (a fixed script; the command's arguments are passed to it as
+positional parameters and never parsed by the shell) runs the command, then records its exit status. The
+group is identified by the leader's pid plus its start time from ``/proc/<pid>/stat``, and, once the leader
+is gone, by members whose environment carries the job's ``GPUPOOL_JOB_ID``: a reused pid is never mistaken
+for the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..device_env import device_env
+
+JOBS_SUBDIR = ".gpupool/jobs"
+LOG_NAME = "output.log"
+CHECKPOINTS = "checkpoints"
+# $1 job dir, $2 working dir, $3 attempt, then the command. The log and the checkpoint directory are private
+# to the user (umask 077 in a subshell only: the command keeps the umask it would have had).
+_SCRIPT = (
+    '(umask 077 && mkdir -p -- "$1/checkpoints" && : >>"$1/output.log") || exit 125\n'
+    'exec >>"$1/output.log" 2>&1 </dev/null\n'
+    'cd -- "$2" || exit 126\n'
+    "gpupool_dir=$1; gpupool_attempt=$3; shift 3\n"
+    '"$@"\n'
+    'echo $? >"$gpupool_dir/exit.$gpupool_attempt"\n'
+)
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+class NoSystemAccount(LookupError):
+    """The service runs as root and the user has no system account to run a job as (or it is root's)."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a job runs as: ``uid`` None means the service's own user (the simple local mode)."""
+
+    user: str
+    home: str
+    uid: int | None = None
+    gid: int | None = None
+    groups: tuple[int, ...] = ()
+
+
+def identity_for(user: str, *, home_root: str | None = None, euid: int | None = None) -> Identity:
+    """The identity a job of ``user`` runs with, by the rule in the module docstring."""
+    euid = os.geteuid() if euid is None else euid
+    if euid != 0:
+        if home_root:
+            return Identity(user, os.path.join(home_root, user))
+        try:
+            return Identity(user, pwd.getpwnam(user).pw_dir)
+        except KeyError:
+            raise NoSystemAccount(
+                f"{user} has no home on this host: set GPUPOOL_JOB_HOME_ROOT to run jobs in "
+                "<home_root>/<user> as the service's own user"
+            ) from None
+    try:
+        account = pwd.getpwnam(user)
+    except KeyError:
+        raise NoSystemAccount(
+            f"{user} has no system account on this host; the service runs as root and runs jobs only as "
+            "their user's own account, so an administrator must create one (useradd)"
+        ) from None
+    if account.pw_uid == 0:
+        raise NoSystemAccount(f"{user} is a root account here; jobs never run as root")
+    groups = tuple(g for g in os.getgrouplist(user, account.pw_gid) if g != account.pw_gid)
+    return Identity(user, account.pw_dir, account.pw_uid, account.pw_gid, groups)
+
+
+def job_dir(identity: Identity, job_id: str) -> str:
+    return os.path.join(identity.home, JOBS_SUBDIR, job_id)
+
+
+def checkpoint_dir(directory: str) -> str:
+    return os.path.join(directory, CHECKPOINTS)
+
+
+def job_env(
+    identity: Identity,
+    job_id: str,
+    directory: str,
+    visible_devices: str,
+    user_env: Mapping[str, str],
+    *,
+    attempt: int,
+    path: str | None = None,
+) -> dict[str, str]:
+    """The job's whole environment: a clean login-like base, the user's variables, then what gpupool sets (the
+    lease's devices and the job's id and checkpoint directory), which the user cannot override."""
+    base = {
+        "PATH": path or os.environ.get("PATH") or DEFAULT_PATH,
+        "HOME": identity.home,
+        "USER": identity.user,
+        "LOGNAME": identity.user,
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",  # a Python job's prints reach its log as they happen
+    }
+    return {
+        **base,
+        **user_env,
+        **device_env(visible_devices),
+        "GPUPOOL_JOB_ID": job_id,
+        "GPUPOOL_JOB_ATTEMPT": str(attempt),
+        "GPUPOOL_CHECKPOINT_DIR": checkpoint_dir(directory),
+    }
+
+
+@dataclass(frozen=True)
+class Started:
+    """A run just started: the group leader's pid and start time, and the Popen to reap it with."""
+
+    pid: int
+    start: int
+    process: subprocess.Popen[bytes]
+
+
+def launch(
+    identity: Identity,
+    command: tuple[str, ...],
+    working_dir: str,
+    directory: str,
+    attempt: int,
+    env: Mapping[str, str],
+) -> Started:
+    """Start ``command`` (an argument list) as ``identity`` in a new session; OSError if it cannot start."""
+    switch = identity.uid is not None  # as root: the user's account, its group and its other groups
+    process = subprocess.Popen(
+        ["/bin/sh", "-c", _SCRIPT, "gpupool-job", directory, working_dir, str(attempt), *command],
+        env=dict(env),
+        cwd="/",  # the script changes to the working directory as the user, so the user's rights apply
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+        user=identity.uid,
+        group=identity.gid,
+        extra_groups=list(identity.groups) if switch else None,
+    )
+    start = _stat(process.pid)
+    return Started(process.pid, start[1] if start else 0, process)
+
+
+# ---- finding and signalling a process group ---------------------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, start time in ticks since boot, process group) of ``pid``, or None when there is none."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 2 :].split()  # the name in parentheses may hold spaces
+    return fields[0].decode(), int(fields[19]), int(fields[2])
+
+
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot), or None when it is gone or a zombie."""
+    found = _stat(pid)
+    return None if found is None or found[0] in ("Z", "X") else found[1]
+
+
+def group_alive(pid: int, pid_start: int | None, job_id: str) -> bool:
+    """Whether the job's process group (led by ``pid``) still has a live member: the leader itself (same start
+    time), or a process in group ``pid`` whose environment names ``job_id``. Zombies do not count."""
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    marker = f"GPUPOOL_JOB_ID={job_id}\0".encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        member = int(entry.name)
+        found = _stat(member)
+        if found is None or found[2] != pid or found[0] in ("Z", "X"):
+            continue
+        if member == pid and pid_start is not None and found[1] == pid_start:
+            return True
+        with contextlib.suppress(OSError):
+            if marker in Path(f"/proc/{member}/environ").read_bytes():
+                return True
+    return False
+
+
+def find_leader(job_id: str, attempt: int) -> tuple[int, int] | None:
+    """(pid, start time) of the live group leader of ``job_id``'s run ``attempt``, found by its environment:
+    for a run whose start the service could not record before it died."""
+    marker = f"GPUPOOL_JOB_ID={job_id}\0".encode()
+    attempt_marker = f"GPUPOOL_JOB_ATTEMPT={attempt}\0".encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        found = _stat(pid)
+        if found is None or found[2] != pid or found[0] in ("Z", "X"):
+            continue
+        with contextlib.suppress(OSError):
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            if marker in environ and attempt_marker in environ:
+                return pid, found[1]
+    return None
+
+
+def signal_group(pid: int, pid_start: int | None, job_id: str, sig: signal.Signals) -> bool:
+    """Send ``sig`` to the job's process group if it is still the job's; whether it was sent."""
+    if not group_alive(pid, pid_start, job_id):
+        return False
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# ---- what a run leaves --------------------------------------------------------------------------------------
+
+
+def _open_owned(path: str, uid: int | None) -> int | None:
+    """A read-only descriptor of ``path`` if it is a regular file (not a symlink) owned by ``uid`` (any owner
+    when None); None otherwise. The service may be root reading a user's home: it reads only their files."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or (uid is not None and info.st_uid != uid):
+        os.close(fd)
+        return None
+    return fd
+
+
+def exit_status(directory: str, attempt: int, uid: int | None) -> int | None:
+    """The exit status the run recorded, or None (killed before it could, or never started)."""
+    fd = _open_owned(os.path.join(directory, f"exit.{attempt}"), uid)
+    if fd is None:
+        return None
+    with os.fdopen(fd, "rb") as file:
+        text = file.read(32).strip()
+    return int(text) if text.isdigit() else None
+
+
+def read_log(directory: str, uid: int | None, offset: int = 0, limit: int = 1 << 20) -> bytes:
+    """Up to ``limit`` bytes of the job's log from ``offset``; empty when there is none (yet)."""
+    fd = _open_owned(os.path.join(directory, LOG_NAME), uid)
+    if fd is None:
+        return b""
+    with os.fdopen(fd, "rb") as file:
+        file.seek(offset)
+        return file.read(limit)
+
+
+def find_executable(command: str, working_dir: str, path: str) -> str | None:
+    """Where ``command`` (a name looked up on ``path``, or a path relative to ``working_dir``) is, or None."""
+    if "/" in command:
+        full = os.path.join(working_dir, command)
+        return full if os.path.isfile(full) and os.access(full, os.X_OK) else None
+    return shutil.which(command, path=path)

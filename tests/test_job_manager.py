@@ -1,0 +1,238 @@
+"""The job manager in-process, on a real SQLite store and real processes: leases, restarts, faults, fair share.
+
+The HTTP side and a real hub are in ``test_jobs_api.py``; here the manager's loop is stepped by hand, so each
+test is quick and says exactly which step did what.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from builders import gpu, node
+from job_user import TRAIN, clean_home, job_user, python_with_numpy, user_dir
+
+from gpupool.spawner.pool.jobs import JobState
+from gpupool.spawner.pool.profiles import Profile
+from gpupool.spawner.pool.quotas import Quota, QuotaExceeded, QuotaPolicy
+from gpupool.spawner.pool.requests import Request, WholeGpus
+from gpupool.spawner.service.job_store import JobStore
+from gpupool.spawner.service.jobs import JobManager, Submission, SubmissionConflict, TooManyQueuedJobs
+from gpupool.spawner.service.leases import LeaseManager
+from gpupool.spawner.service.store import LeaseState, LeaseStore, sqlite_url
+
+H100 = frozenset({"H100-80GB"})
+ONE = Profile("h100", "One H100", 1000, 1024, WholeGpus(1, H100), max_lifetime=600)
+NODES = [node("dgx", [gpu("dgx", 0), gpu("dgx", 1)])]
+
+
+def managers(tmp_path: Path, grace: float = 2.0, **kw: object) -> JobManager:
+    """A job manager on the SQLite file in ``tmp_path``: a second call is the service after a restart."""
+    store = LeaseStore(sqlite_url(str(tmp_path / "gpupool.sqlite")))
+    leases = LeaseManager(NODES, store, quotas=kw.pop("quotas", None))  # type: ignore[arg-type]
+    return JobManager(leases, JobStore(store.engine), [ONE], grace=grace, **kw)  # type: ignore[arg-type]
+
+
+def until(jobs: JobManager, check: Callable[[], bool], what: str, timeout: float = 15) -> None:
+    """Step the manager until ``check`` holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        jobs.step()
+        if check():
+            return
+        time.sleep(0.02)
+    pytest.fail(f"{what} within {timeout}s")
+
+
+def sh(script: str, **kw: object) -> Submission:
+    return Submission(profile="h100", command=["sh", "-c", script], **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def user() -> Iterator[str]:
+    name = job_user()
+    yield name
+    clean_home(name)
+
+
+def test_a_job_gets_a_lease_runs_on_its_devices_and_gives_them_back(tmp_path: Path, user: str) -> None:
+    jobs = managers(tmp_path)
+    job, created = jobs.submit(user, [], sh('echo "devices=$CUDA_VISIBLE_DEVICES"'))
+    assert created and job.state is JobState.QUEUED
+    lease = jobs.leases.get(job.lease_id or "")
+    assert lease.state is LeaseState.GRANTED and lease.owner_kind == "job" and lease.owner_name == job.id
+    until(jobs, lambda: jobs.get(job.id).state.finished, "the job to finish")
+    done = jobs.get(job.id)
+    assert done.state is JobState.SUCCEEDED and done.exit_code == 0
+    assert [t.state for t in done.history] == [JobState.QUEUED, JobState.RUNNING, JobState.SUCCEEDED]
+    assert jobs.read_log(done) == f"devices={lease.visible_devices}\n".encode()
+    assert jobs.leases.get(lease.id).state is LeaseState.RELEASED
+    assert jobs.leases.pool.allocations == {}
+
+
+def test_a_users_own_non_zero_exit_fails_the_job_and_is_not_requeued(tmp_path: Path, user: str) -> None:
+    jobs = managers(tmp_path)
+    job, _ = jobs.submit(user, [], sh("exit 7", retries=3))
+    until(jobs, lambda: jobs.get(job.id).state.finished, "the job to finish")
+    failed = jobs.get(job.id)
+    assert failed.state is JobState.FAILED and failed.exit_code == 7 and "status 7" in failed.reason
+    assert failed.attempts == 1
+
+
+def test_the_same_submission_id_never_starts_a_second_job(tmp_path: Path, user: str) -> None:
+    jobs = managers(tmp_path)
+    first, created = jobs.submit(user, [], sh("sleep 0", submission_id="run-42"))
+    again, created_again = jobs.submit(user, [], sh("sleep 0", submission_id="run-42"))
+    assert created and not created_again and again.id == first.id
+    assert len(jobs.leases.all_leases()) == 1
+    jobs = managers(tmp_path)  # after a restart too
+    assert jobs.submit(user, [], sh("sleep 0", submission_id="run-42"))[0].id == first.id
+    with pytest.raises(SubmissionConflict, match="submission_id: 'run-42' was already used"):
+        jobs.submit(user, [], sh("sleep 1", submission_id="run-42"))
+
+
+def test_a_users_queued_jobs_are_capped_and_quotas_count_jobs_with_servers(tmp_path: Path, user: str) -> None:
+    quotas = QuotaPolicy(user_overrides={user: Quota(whole_gpus=2)})
+    jobs = managers(tmp_path, max_queued=1, quotas=quotas)
+    jobs.leases.request_lease(user, [], "server", "", "h100", Request(1000, 1024, WholeGpus(1, H100)))
+    jobs.submit(user, [], sh("sleep 30"))  # the second GPU: granted
+    with pytest.raises(QuotaExceeded, match="allows 2 whole GPUs at once"):
+        jobs.submit(user, [], sh("sleep 30"))
+    (tmp_path / "capped").mkdir()
+    other = managers(tmp_path / "capped", max_queued=1)
+    other.submit(user, [], sh("sleep 30"))
+    other.submit(user, [], sh("sleep 30"))
+    queued, _ = other.submit(user, [], sh("sleep 30"))  # no GPU left: it waits
+    assert other.leases.get(queued.lease_id or "").state is LeaseState.QUEUED
+    with pytest.raises(TooManyQueuedJobs, match="1 queued jobs"):
+        other.submit(user, [], sh("sleep 30"))
+    for each in other.store.live():
+        other.cancel(each.id, "test")
+    until(other, lambda: not other.store.live(), "every job to stop")
+
+
+def test_cancel_and_max_runtime_stop_the_group_within_the_grace_period(tmp_path: Path, user: str) -> None:
+    jobs = managers(tmp_path, grace=1.0)
+    ignores_term = "trap '' TERM; while :; do sleep 0.1; done"
+    slow, _ = jobs.submit(user, [], sh(ignores_term))
+    timed, _ = jobs.submit(user, [], sh("sleep 30", max_runtime=0.5))
+    until(jobs, lambda: jobs.get(slow.id).state is JobState.RUNNING, "the job to start")
+    asked = time.monotonic()
+    jobs.cancel(slow.id, "user alice")
+    until(jobs, lambda: jobs.get(slow.id).state.finished, "the cancelled job to stop")
+    assert time.monotonic() - asked < 1.0 + 1.5  # SIGKILL after the 1 s grace, give or take a step
+    until(jobs, lambda: jobs.get(timed.id).state.finished, "the timed-out job to stop")
+    assert (
+        jobs.get(slow.id).state is JobState.CANCELLED
+        and jobs.get(slow.id).reason == "cancelled by user alice"
+    )
+    assert (
+        jobs.get(timed.id).state is JobState.TIMED_OUT
+        and "maximum runtime of 0.5 s" in jobs.get(timed.id).reason
+    )
+    assert jobs.leases.pool.allocations == {}
+
+
+def test_a_restarted_manager_re_adopts_a_running_job_and_its_log_loses_no_line(
+    tmp_path: Path, user: str
+) -> None:
+    jobs = managers(tmp_path)
+    job, _ = jobs.submit(
+        user, [], sh("i=0; while [ $i -lt 30 ]; do echo line $i; i=$((i+1)); sleep 0.05; done")
+    )
+    until(jobs, lambda: jobs.get(job.id).state is JobState.RUNNING, "the job to start")
+    pid = jobs.get(job.id).pid
+    # The service dies here (its manager is never stepped again); its job runs on.
+    again = managers(tmp_path)
+    assert again.get(job.id).pid == pid and again.get(job.id).state is JobState.RUNNING
+    until(again, lambda: again.get(job.id).state.finished, "the re-adopted job to finish")
+    assert again.get(job.id).state is JobState.SUCCEEDED  # its exit status was on disk
+    assert again.read_log(again.get(job.id)).decode().split() == [
+        w for i in range(30) for w in ("line", str(i))
+    ]
+    assert again.leases.pool.allocations == {}
+
+
+def test_a_run_started_just_before_a_crash_is_found_by_its_environment_not_started_twice(
+    tmp_path: Path, user: str
+) -> None:
+    jobs = managers(tmp_path)
+    job, _ = jobs.submit(user, [], sh("sleep 1"))
+    until(jobs, lambda: jobs.get(job.id).state is JobState.RUNNING, "the job to start")
+    running = jobs.get(job.id)
+    jobs.store.save(
+        type(running)(**{**running.__dict__, "pid": None, "pid_start": None})
+    )  # the crash lost it
+    again = managers(tmp_path)
+    again.step()
+    assert again.get(job.id).pid == running.pid and again.get(job.id).attempts == 1
+    until(again, lambda: again.get(job.id).state.finished, "the job to finish")
+    assert again.get(job.id).state is JobState.SUCCEEDED
+
+
+def test_a_gpu_fault_requeues_the_training_job_which_resumes_from_its_checkpoint(
+    tmp_path: Path, user: str
+) -> None:
+    jobs = managers(tmp_path, grace=1.0)
+    python, env = python_with_numpy()
+    every = 10
+    args = ["--steps", "60", "--checkpoint-every", str(every), "--step-seconds", "0.03"]
+    job, _ = jobs.submit(
+        user, [], Submission("h100", [*python, str(TRAIN), *args], env=env, working_dir=str(user_dir(user)))
+    )
+    until(jobs, lambda: b"step 25/" in jobs.read_log(jobs.get(job.id)), "training to pass step 25")
+    first_lease = jobs.leases.get(jobs.get(job.id).lease_id or "")
+    (device,) = first_lease.devices
+    index = int(device.uuid.rsplit("-", 1)[1])
+    stopped = jobs.fault("dgx", index)
+    assert [j.id for j in stopped] == [job.id]
+    until(jobs, lambda: jobs.get(job.id).state.finished, "the job to finish after its requeue", timeout=30)
+    done = jobs.get(job.id)
+    assert done.state is JobState.SUCCEEDED, done.reason
+    assert [t.state for t in done.history] == [
+        JobState.QUEUED,
+        JobState.RUNNING,
+        JobState.REQUEUED,
+        JobState.RUNNING,
+        JobState.SUCCEEDED,
+    ]
+    assert "marked unhealthy" in done.history[2].reason
+    second_lease = jobs.leases.get(done.lease_id or "")
+    assert second_lease.devices[0].uuid != device.uuid  # placed away from the failed GPU
+    log = jobs.read_log(done).decode()
+    before, after = log.split("resumed at step ")
+    last_before = max(int(n) for n in re.findall(r"step (\d+)/", before))
+    resumed = int(after.split()[0])
+    assert resumed % every == 0 and last_before - resumed <= every, log
+    assert "done: 60 steps" in after
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_within_a_class_the_user_who_used_less_gpu_recently_is_admitted_first(tmp_path: Path) -> None:
+    clock = Clock()
+    leases = LeaseManager(NODES, LeaseStore(sqlite_url(str(tmp_path / "l.sqlite"))), clock=clock)
+    gpu_job = Request(1000, 1024, WholeGpus(1, H100))
+    heavy = leases.request_lease("heavy", [], "job", "h1", "h100", gpu_job, -10)
+    clock.now += 90
+    leases.request_lease("light", [], "job", "l1", "h100", gpu_job, -10)
+    clock.now += 1
+    heavy_next = leases.request_lease("heavy", [], "job", "h2", "h100", gpu_job, -10)  # arrives first
+    clock.now += 1
+    light_next = leases.request_lease("light", [], "job", "l2", "h100", gpu_job, -10)
+    server = leases.request_lease("heavy", [], "server", "", "h100", gpu_job)  # interactive: ahead of both
+    assert [leases.position(x.id) for x in (server, heavy_next, light_next)] == [0, 1, 2]
+    clock.now += 8
+    leases.release(heavy.id)  # heavy used 100 GPU-seconds, light 10: after the server, light goes first
+    assert leases.get(server.id).state is LeaseState.GRANTED
+    assert leases.position(light_next.id) == 0 and leases.position(heavy_next.id) == 1
+    assert leases.recent_usage() == {"heavy": 100.0, "light": 10.0}

@@ -1,0 +1,226 @@
+"""Training jobs end to end: a real JupyterHub and proxy, the gpupool service as its managed service (as root,
+so jobs run as a system account), and real job processes on the simulated demo pool.
+
+One hub for the module. The job user is a system account the tests create if missing (``job_user``); ``bob``
+is a hub user without one. The service restart test runs last: it kills the managed service.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from hub_harness import RunningHub, free_ports, write_hub_config
+from job_user import TRAIN, clean_home, job_user, python_with_numpy, user_dir
+
+from gpupool.spawner.backends.simulated import DEMO_POOL
+
+ADMIN_TOKEN = "test-admin-token-jobs-0123456789abcdef"
+HUB_CLIENT_TOKEN = "test-hub-client-token-jobs-0123456789"
+GRACE = 1.5
+Hub = RunningHub
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    tmp = tmp_path_factory.mktemp("jobs-hub")
+    ports = free_ports()
+    user = job_user()
+    quotas = tmp / "quotas.yaml"
+    quotas.write_text(f"users:\n  {user}: {{whole_gpus: 2}}\n")
+    service_env = {
+        "GPUPOOL_POOL": str(DEMO_POOL),
+        "GPUPOOL_DB_URL": f"sqlite:///{tmp}/gpupool.sqlite",
+        "GPUPOOL_QUOTAS": str(quotas),
+        "GPUPOOL_JOB_GRACE_SECONDS": str(GRACE),
+    }
+    write_hub_config(
+        tmp,
+        ports,
+        admin_token=ADMIN_TOKEN,
+        pool_file=DEMO_POOL,
+        hub_client_token=HUB_CLIENT_TOKEN,
+        service_env=service_env,
+    )
+    with RunningHub(tmp, ports, ADMIN_TOKEN, service_env=service_env, fail=pytest.fail) as hub:
+        for name in (user, "bob"):
+            hub.create_user(name)
+            hub.token_for(name)
+        hub.tokens["me"] = hub.tokens[user]
+        yield hub
+    clean_home(user)
+
+
+def until(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"{what} within {timeout}s")
+
+
+def submit(client: httpx.Client, command: list[str], profile: str = "h100", **body: Any) -> dict[str, Any]:
+    response = client.post("/jobs", json={"command": command, "profile": profile} | body)
+    assert response.status_code == 201, response.text
+    job: dict[str, Any] = response.json()
+    return job
+
+
+def state_of(client: httpx.Client, job_id: str) -> str:
+    state: str = client.get(f"/jobs/{job_id}").json()["state"]
+    return state
+
+
+def gpu_free(client: httpx.Client, uuid: str) -> bool:
+    gpus = [g for n in client.get("/pool").json()["nodes"] for g in n["gpus"] if g["uuid"] == uuid]
+    return bool(gpus) and gpus[0]["free_milli"] == 1000
+
+
+def test_a_job_runs_with_its_lease_devices_streams_its_log_and_succeeds(hub: Hub) -> None:
+    with hub.as_user("me") as me:
+        job = submit(
+            me,
+            ["sh", "-c", 'echo "start $CUDA_VISIBLE_DEVICES $NVIDIA_VISIBLE_DEVICES"; sleep 0.5; echo end'],
+        )
+        assert job["state"] in ("queued", "running")
+        with me.stream("GET", f"/jobs/{job['id']}/logs", params={"follow": "true"}, timeout=30) as stream:
+            assert stream.status_code == 200
+            lines = [line for line in stream.iter_lines() if line]  # ends when the job has ended
+        done = me.get(f"/jobs/{job['id']}").json()
+        assert done["state"] == "succeeded" and done["exit_code"] == 0, done
+        lease = me.get(f"/leases/{done['lease_id']}").json()
+        (device,) = lease["devices"]
+        assert lines == [f"start {device['uuid']} {device['uuid']}", "end"]
+        assert lease["state"] == "released" and gpu_free(me, device["uuid"])
+        assert [t["state"] for t in done["history"]] == ["queued", "running", "succeeded"]
+        assert me.get(f"/jobs/{job['id']}/logs").text == "\n".join(lines) + "\n"
+
+
+def test_cancel_and_max_runtime_stop_a_job_within_the_grace_period_and_free_its_devices(hub: Hub) -> None:
+    with hub.as_user("me") as me:
+        stubborn = submit(me, ["sh", "-c", "trap '' TERM; echo up; while :; do sleep 0.1; done"])
+        timed = submit(me, ["sleep", "60"], max_runtime=1)
+        until(lambda: "up" in me.get(f"/jobs/{stubborn['id']}/logs").text, "the job to start")
+        devices = me.get(f"/jobs/{stubborn['id']}").json()["devices"]
+        asked = time.monotonic()
+        cancelled = me.delete(f"/jobs/{stubborn['id']}")
+        assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled", cancelled.text
+        assert time.monotonic() - asked < GRACE + 1.5  # SIGKILL once the grace period ran out
+        assert cancelled.json()["reason"] == f"cancelled by user {job_user()}"
+        assert gpu_free(me, devices[0]["uuid"])
+        until(lambda: state_of(me, timed["id"]) == "timed-out", "the job past its maximum runtime to stop")
+        assert "maximum runtime of 1 s" in me.get(f"/jobs/{timed['id']}").json()["reason"]
+
+
+def test_a_quota_refusal_says_which_limit(hub: Hub) -> None:
+    with hub.as_user("me") as me:
+        held = [submit(me, ["sleep", "30"]) for _ in range(2)]
+        refused = me.post("/jobs", json={"command": ["sleep", "30"], "profile": "h100"})
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"] == "quota_exceeded"
+        assert f"{job_user()}'s quota allows 2 whole GPUs at once" in refused.json()["detail"]
+        for job in held:
+            assert me.delete(f"/jobs/{job['id']}").json()["state"] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"command": []}, "command"),
+        ({"command": [""]}, "command"),
+        ({"command": ["no-such-program-gpupool"]}, "command"),
+        ({"working_dir": "relative/dir"}, "working_dir"),
+        ({"working_dir": "/home/../etc"}, "working_dir"),
+        ({"profile": "no-such-profile"}, "profile"),
+        ({"max_runtime": 10**7}, "max_runtime"),
+        ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "env.CUDA_VISIBLE_DEVICES"),
+    ],
+)
+def test_a_bad_submission_is_a_400_naming_the_field(hub: Hub, body: dict[str, Any], field: str) -> None:
+    with hub.as_user("me") as me:
+        response = me.post("/jobs", json={"command": ["true"], "profile": "cpu"} | body)
+    assert response.status_code == 400, response.text
+    assert response.json()["fields"] == [field] and field in response.json()["detail"]
+
+
+def test_a_submission_id_never_starts_the_same_job_twice(hub: Hub) -> None:
+    with hub.as_user("me") as me:
+        body = {"command": ["true"], "profile": "cpu", "submission_id": "nightly-7"}
+        first, again = me.post("/jobs", json=body), me.post("/jobs", json=body)
+        assert (first.status_code, again.status_code) == (201, 200)
+        assert first.json()["id"] == again.json()["id"]
+        assert [j["submission_id"] for j in me.get("/jobs").json()].count("nightly-7") == 1
+
+
+def test_another_user_never_sees_follows_or_cancels_a_job_and_needs_an_account_to_submit(hub: Hub) -> None:
+    with hub.as_user("me") as me, hub.as_user("bob") as bob, hub.as_user("admin") as admin:
+        job = submit(me, ["sleep", "30"], profile="cpu")
+        for refused in (
+            bob.get(f"/jobs/{job['id']}"),
+            bob.get(f"/jobs/{job['id']}/logs", params={"follow": "true"}),
+            bob.delete(f"/jobs/{job['id']}"),
+        ):
+            assert refused.status_code == 403, refused.text
+            assert job_user() not in refused.text
+        assert job["id"] not in {j["id"] for j in bob.get("/jobs").json()}
+        assert job["id"] in {j["id"] for j in admin.get("/jobs").json()}
+        assert bob.get("/jobs/no-such-job").status_code == 404
+        no_account = bob.post("/jobs", json={"command": ["true"], "profile": "cpu"})
+        assert no_account.status_code == 403 and "bob has no system account" in no_account.json()["detail"]
+        assert me.delete(f"/jobs/{job['id']}").json()["state"] == "cancelled"
+
+
+def test_an_injected_gpu_fault_requeues_the_training_job_which_resumes_from_its_checkpoint(hub: Hub) -> None:
+    python, env = python_with_numpy()
+    every = 10
+    args = ["--steps", "60", "--checkpoint-every", str(every), "--step-seconds", "0.03"]
+    work = str(user_dir(job_user()))
+    with hub.as_user("me") as me, hub.as_user("admin") as admin:
+        job = submit(me, [*python, str(TRAIN), *args], env=env, working_dir=work, retries=1)
+        until(lambda: "step 25/" in me.get(f"/jobs/{job['id']}/logs").text, "training to pass step 25")
+        (device,) = me.get(f"/jobs/{job['id']}").json()["devices"]
+        gpu = next(
+            g for n in me.get("/pool").json()["nodes"] for g in n["gpus"] if g["uuid"] == device["uuid"]
+        )
+        fault = {"node": "dgx-h100-01", "gpu_index": gpu["index"]}
+        assert me.post("/admin/faults", json=fault).status_code == 403  # users cannot break the pool
+        injected = admin.post("/admin/faults", json=fault)
+        assert injected.status_code == 200 and injected.json()["stopped_jobs"] == [job["id"]], injected.text
+        until(lambda: state_of(me, job["id"]) == "succeeded", "the requeued job to finish", timeout=40)
+        done = me.get(f"/jobs/{job['id']}").json()
+    assert [t["state"] for t in done["history"]] == ["queued", "running", "requeued", "running", "succeeded"]
+    assert f"GPU {gpu['index']} of node dgx-h100-01 was marked unhealthy" in done["history"][2]["reason"]
+    log = me_log(hub, job["id"])
+    before, after = log.split("resumed at step ")
+    last_before = max(int(n) for n in re.findall(r"step (\d+)/", before))
+    resumed = int(after.split()[0])
+    assert resumed % every == 0 and 0 <= last_before - resumed <= every, log  # at most one interval lost
+    assert "done: 60 steps" in after
+
+
+def me_log(hub: Hub, job_id: str) -> str:
+    with hub.as_user("me") as me:
+        return me.get(f"/jobs/{job_id}/logs").text
+
+
+def test_a_job_keeps_running_and_logging_across_a_service_restart(hub: Hub) -> None:
+    """Runs last: it kills the managed service and starts one by hand."""
+    ticks = 40
+    script = f"i=0; while [ $i -lt {ticks} ]; do echo tick $i; i=$((i+1)); sleep 0.1; done"
+    with hub.as_user("me") as me:
+        job = submit(me, ["sh", "-c", script], profile="cpu")
+        until(lambda: "tick 3" in me.get(f"/jobs/{job['id']}/logs").text, "the job to log")
+    hub.kill_service()
+    hub.start_service()
+    with hub.as_user("me") as me:
+        again = me.get(f"/jobs/{job['id']}").json()
+        assert again["state"] == "running" and again["attempts"] == 1, again  # adopted, not started again
+        with me.stream("GET", f"/jobs/{job['id']}/logs", params={"follow": "true"}, timeout=30) as stream:
+            lines = [line for line in stream.iter_lines() if line]
+        assert lines == [f"tick {i}" for i in range(ticks)]  # nothing lost while the service was down
+        assert state_of(me, job["id"]) == "succeeded"
