@@ -13,9 +13,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import nbformat
 import pytest
 from hub_harness import RunningHub, free_ports, write_hub_config
 from job_user import TRAIN, clean_home, job_user, python_with_numpy, user_dir
+from nbclient import NotebookClient
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
 
@@ -206,6 +208,32 @@ def test_an_injected_gpu_fault_requeues_the_training_job_which_resumes_from_its_
 def me_log(hub: Hub, job_id: str) -> str:
     with hub.as_user("me") as me:
         return me.get(f"/jobs/{job_id}/logs").text
+
+
+NOTEBOOK = """
+from gpupool.widgets import my_jobs, submit
+job = submit(["sh", "-c", "echo hello from $GPUPOOL_JOB_ID"], profile="cpu", name="from-a-notebook")
+final = job.wait(timeout=60, poll=0.2)
+print(final)
+print(job.logs(), end="")
+print(job.id in {j.id for j in my_jobs()})
+"""
+
+
+def test_a_notebook_submits_a_job_with_submit_and_reads_its_finished_log(
+    hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real kernel runs the notebook, with what a spawned server's environment gives it: the service's URL
+    and a token acting as the user."""
+    monkeypatch.setenv("GPUPOOL_SERVICE_URL", f"{hub.url}/services/gpupool/")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.tokens["me"])
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(NOTEBOOK)])
+    NotebookClient(notebook, timeout=120, kernel_name="python3").execute()
+    output = "".join(o.get("text", "") for o in notebook.cells[0].outputs if o.get("name") == "stdout")
+    state, hello, listed = output.splitlines()
+    assert state == "succeeded"
+    assert re.fullmatch(r"hello from \S+", hello), output
+    assert listed == "True"
 
 
 def test_a_job_keeps_running_and_logging_across_a_service_restart(hub: Hub) -> None:
