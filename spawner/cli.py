@@ -1,11 +1,14 @@
-"""The ``gpupool`` command: run the hub, read a pool, check MIG layouts, and benchmark placement policies."""
+"""The ``gpupool`` command: run the hub, read a pool, check MIG layouts, benchmark placement policies, and
+submit and follow training jobs."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .backends.discovery import discover_pool
 from .backends.simulated import PoolFileError
@@ -17,11 +20,16 @@ from .pool import mig
 from .pool.policies import POLICIES
 from .pool.state import PoolState
 
+JOB_COMMANDS = ("submit", "jobs", "logs", "cancel")
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        if args.command in JOB_COMMANDS:
+            code: int = _job_commands().run(args.handler, args)
+            return code
         result: int = args.handler(args)
         return result
     except (PoolFileError, TraceError, mig.NotMigCapable, mig.UnknownMigProfile, up.UpError) as error:
@@ -102,7 +110,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     placement.add_argument("--json", action="store_true")
     placement.set_defaults(handler=_bench_placement)
+
+    _job_commands().add_job_commands(commands)
     return parser
+
+
+def _job_commands() -> Any:
+    """The job commands live on the notebook side (``gpupool.widgets``, a client of the service's API); the
+    admin side reaches them by name so that it does not depend on that outer layer."""
+    return importlib.import_module("gpupool.widgets.jobs_cli")
 
 
 def _up(args: argparse.Namespace) -> int:

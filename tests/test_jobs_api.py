@@ -8,6 +8,8 @@ is a hub user without one. The service restart test runs last: it kills the mana
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -234,6 +236,36 @@ def test_a_notebook_submits_a_job_with_submit_and_reads_its_finished_log(
     assert state == "succeeded"
     assert re.fullmatch(r"hello from \S+", hello), output
     assert listed == "True"
+
+
+def _gpupool(hub: Hub, *args: str) -> subprocess.CompletedProcess[str]:
+    connection = ["--url", f"{hub.url}/services/gpupool/", "--token", hub.tokens["me"]]
+    command, rest = args[0], list(args[1:])
+    split = rest.index("--") if "--" in rest else len(rest)
+    argv = [command, *rest[:split], *connection, *rest[split:]]
+    return subprocess.run(
+        [sys.executable, "-m", "gpupool.spawner.cli", *argv], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_shell_commands_submit_follow_list_and_refuse_bad_input(hub: Hub) -> None:
+    submitted = _gpupool(
+        hub, "submit", "--profile", "cpu", "--max-runtime", "10m", "--", "sh", "-c", "echo cli job"
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.split("\t")[0]
+    followed = _gpupool(hub, "logs", job_id, "-f")
+    assert followed.returncode == 0 and followed.stdout == "cli job\n", followed.stderr
+    assert f"job {job_id} succeeded" in followed.stderr
+    listed = _gpupool(hub, "jobs")
+    (row,) = [line.split("\t") for line in listed.stdout.splitlines() if line.startswith(job_id)]
+    assert row[2:4] == ["cpu", "succeeded"]
+    with hub.as_user("me") as me:
+        assert me.get(f"/jobs/{job_id}").json()["max_runtime"] == 600
+    bad = _gpupool(hub, "submit", "--profile", "cpu", "--max-runtime", "2x", "--", "true")
+    assert bad.returncode == 1 and "max_runtime" in bad.stderr and "2h" in bad.stderr, bad.stderr
+    unknown = _gpupool(hub, "submit", "--profile", "h200", "--", "true")
+    assert unknown.returncode == 1 and "unknown profile 'h200'" in unknown.stderr, unknown.stderr
 
 
 def test_a_job_keeps_running_and_logging_across_a_service_restart(hub: Hub) -> None:

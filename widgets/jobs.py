@@ -81,7 +81,7 @@ def submit(
     name: str | None = None,
     working_dir: str | None = None,
     env: Mapping[str, str] | None = None,
-    max_runtime: float | None = None,
+    max_runtime: float | str | None = None,
     retries: int = 2,
     priority_class: str = "batch",
     submission_id: str | None = None,
@@ -89,7 +89,8 @@ def submit(
 ) -> Job:
     """Submit ``command`` (a list of arguments, never a shell string) to run on ``profile``'s devices.
 
-    ``submission_id`` makes it safe to retry: the same id returns the same job, never a second one.
+    ``max_runtime`` is seconds or a duration such as ``"2h"``. ``submission_id`` makes it safe to retry: the
+    same id returns the same job, never a second one.
     """
     if isinstance(command, str):
         raise TypeError('command must be a list of arguments, e.g. ["python", "train.py"], not a string')

@@ -13,13 +13,12 @@ from 1 when the slug is missing or bad) and the field; the loader returns every 
 
 from __future__ import annotations
 
-import re
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, NoReturn
 
 from ..pool.products import marketed_gb_to_mib
-from ..pool.profiles import DURATIONS, Profile, ProfileError, slug_problem
+from ..pool.profiles import DURATIONS, Profile, ProfileError, parse_duration, slug_problem
 from ..pool.requests import GpuNeed, GpuShare, InvalidRequest, MigSlice, WholeGpus
 from .yaml_fields import check_fields, kind, load_yaml, parse_memory_mib, read_text, required_field
 
@@ -35,7 +34,6 @@ _GPU_FIELDS = {
     "share": ("fraction", "milli", "memory_gb", "products"),
 }
 _GPU_EXAMPLES = {"gpus": "{count: 1}", "mig": "{profile: 3g.40gb}", "share": "{fraction: 0.25}"}
-_DURATION = re.compile(r"(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
 _LARGEST = 10**12  # beyond any real pool; keeps later arithmetic in floats finite
 
 
@@ -179,14 +177,8 @@ def _seconds(where: _Where, value: object, field: str) -> int | None:
     expected = f"{field} must be a duration such as 30m, 8h or 2d, or a whole number of seconds"
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _LARGEST:
         return value
-    if isinstance(value, str):
-        text = re.sub(r"\s+", "", value)
-        if re.fullmatch(r"[0-9]{1,11}", text):
-            return int(text)
-        match = _DURATION.fullmatch(text)
-        if text and match and len(text) < 16:
-            days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
-            return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if isinstance(value, str) and (seconds := parse_duration(value)) is not None:
+        return seconds
     where.fail(f"{expected}, got {value!r}")
 
 

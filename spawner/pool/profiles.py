@@ -19,6 +19,22 @@ from .products import mib_to_marketed_gb
 from .requests import GpuNeed, MigSlice, Request, WholeGpus
 
 DURATIONS = ("idle_timeout", "max_lifetime", "gpu_idle_timeout")  # fields in seconds
+_DURATION = re.compile(r"(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
+
+
+def parse_duration(text: str) -> int | None:
+    """Seconds in ``90s``, ``30m``, ``8h``, ``2d``, ``1h30m`` or ``3600`` (spaces ignored); None if it is not
+    one of those."""
+    text = re.sub(r"\s+", "", text)
+    if re.fullmatch(r"[0-9]{1,11}", text):
+        return int(text)
+    match = _DURATION.fullmatch(text)
+    if not text or not match or len(text) >= 16:
+        return None
+    days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
 _SLUG = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 

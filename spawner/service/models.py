@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..pool.jobs import Job
-from ..pool.profiles import Profile
+from ..pool.profiles import Profile, parse_duration
 from ..pool.state import Grant
 from .store import Lease, request_to_json
 
@@ -151,7 +151,9 @@ class JobRequest(BaseModel):
     )
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
     max_runtime: float | None = Field(
-        default=None, description="seconds one run may take; default and limit: the profile's max_lifetime"
+        default=None,
+        description="seconds one run may take, or a duration such as 2h, 30m, 1d; default and limit: the "
+        "profile's max_lifetime",
     )
     priority_class: str = Field(default="batch", description='"batch" (default) or "low"')
     retries: int = Field(default=2, ge=0, le=20, description="times the pool may requeue it after a fault")
@@ -161,6 +163,17 @@ class JobRequest(BaseModel):
         max_length=255,
         description="your id for this submission: sending it again returns the same job, never a second one",
     )
+
+    @field_validator("max_runtime", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        """``"2h"`` and the like become seconds; numbers pass through to the field's own check."""
+        if isinstance(value, str):
+            seconds = parse_duration(value)
+            if seconds is None:
+                raise ValueError(f"expected seconds or a duration such as 2h, 30m or 1d, got {value!r}")
+            return seconds
+        return value
 
 
 class TransitionOut(BaseModel):

@@ -1,0 +1,113 @@
+"""``gpupool submit | jobs | logs | cancel``: training jobs from a terminal, as the user the token belongs to.
+
+In a notebook server's terminal the service and the token come from the environment, as for ``submit()``
+(``GPUPOOL_SERVICE_URL``, ``JUPYTERHUB_API_TOKEN``); elsewhere pass ``--url`` and ``--token`` (or set those).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from typing import Any
+
+from .client import Connection, GpupoolError
+from .jobs import Job, submit
+
+
+def add_job_commands(commands: Any) -> None:
+    """Add the job subcommands to the ``gpupool`` parser's subparsers."""
+    sub = commands.add_parser(
+        "submit",
+        help="submit a training job: gpupool submit --profile h100 -- python train.py",
+        description="Run CMD ARGS… on a profile's devices, as you; prints the job's id.",
+    )
+    _connection_options(sub)
+    sub.add_argument("--profile", required=True, help="the profile's slug (see the spawn form)")
+    sub.add_argument("--name", help="a name for the job (default: the program's)")
+    sub.add_argument("--max-runtime", help="e.g. 2h, 30m, 1d or seconds (default: the profile's limit)")
+    sub.add_argument("--retries", type=int, default=2, help="requeues allowed after a fault (default 2)")
+    sub.add_argument("--workdir", help="an absolute folder inside your home (default: your home)")
+    sub.add_argument("--submission-id", help="your id for this submission: repeating it never runs it twice")
+    sub.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command to run")
+    sub.set_defaults(handler=_submit)
+
+    listing = commands.add_parser("jobs", help="your jobs and their state")
+    _connection_options(listing)
+    listing.set_defaults(handler=_jobs)
+
+    logs = commands.add_parser("logs", help="a job's log; -f follows it until the job ends")
+    _connection_options(logs)
+    logs.add_argument("job_id", metavar="ID")
+    logs.add_argument("-f", "--follow", action="store_true")
+    logs.set_defaults(handler=_logs)
+
+    cancel = commands.add_parser("cancel", help="stop a job and free its devices")
+    _connection_options(cancel)
+    cancel.add_argument("job_id", metavar="ID")
+    cancel.set_defaults(handler=_cancel)
+
+
+def run(handler: Any, args: argparse.Namespace) -> int:
+    """Run a job command; a refusal of the service is one line on stderr and exit status 1."""
+    try:
+        result: int = handler(args)
+        return result
+    except GpupoolError as error:
+        print(f"gpupool: {error}", file=sys.stderr)
+        return 1
+
+
+def _connection_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", help="the service, e.g. http://127.0.0.1:8000/services/gpupool/")
+    parser.add_argument("--token", help="a JupyterHub API token of yours (default: $JUPYTERHUB_API_TOKEN)")
+
+
+def _connect(args: argparse.Namespace) -> Connection:
+    return Connection(args.url, args.token)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not command:
+        raise GpupoolError(400, "invalid_request", "command: give it after --, e.g. -- python train.py")
+    job = submit(
+        command,
+        args.profile,
+        name=args.name,
+        working_dir=args.workdir,
+        max_runtime=args.max_runtime,
+        retries=args.retries,
+        submission_id=args.submission_id,
+        connection=_connect(args),
+    )
+    model = job.model()
+    where = f"#{model['position'] + 1} in the queue" if model.get("position") is not None else model["state"]
+    print(f"{job.id}\t{model['name']}\t{where}")
+    return 0
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    models = _connect(args).call("GET", "jobs")
+    print("ID\tNAME\tPROFILE\tSTATE\tSUBMITTED\tWHY")
+    for model in models:
+        submitted = dt.datetime.fromtimestamp(model["submitted_at"]).strftime("%Y-%m-%d %H:%M")
+        state = model["state"] + (f" (#{model['position'] + 1})" if model.get("position") is not None else "")
+        print(f"{model['id']}\t{model['name']}\t{model['profile']}\t{state}\t{submitted}\t{model['reason']}")
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    job = Job(args.job_id, _connect(args))
+    if args.follow:
+        state = job.follow()
+        print(f"[gpupool: job {job.id} {state}]", file=sys.stderr)
+    else:
+        sys.stdout.write(job.logs())
+    return 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    state = Job(args.job_id, _connect(args)).cancel()
+    print(f"{args.job_id}\t{state}")
+    return 0
