@@ -236,3 +236,15 @@ def test_within_a_class_the_user_who_used_less_gpu_recently_is_admitted_first(tm
     assert leases.get(server.id).state is LeaseState.GRANTED
     assert leases.position(light_next.id) == 0 and leases.position(heavy_next.id) == 1
     assert leases.recent_usage() == {"heavy": 100.0, "light": 10.0}
+
+
+def test_a_job_whose_lease_is_released_from_under_it_is_stopped(tmp_path: Path, user: str) -> None:
+    jobs = managers(tmp_path, grace=1.0)
+    job, _ = jobs.submit(user, [], sh("echo up; sleep 30"))
+    until(jobs, lambda: jobs.read_log(jobs.get(job.id)) == b"up\n", "the job to start")
+    jobs.leases.release(job.lease_id or "", "released by user someone")
+    until(jobs, lambda: jobs.get(job.id).state.finished, "the job to stop")
+    stopped = jobs.get(job.id)
+    assert stopped.state is JobState.CANCELLED
+    assert stopped.reason == "its lease was released (released by user someone)"
+    assert jobs.leases.pool.allocations == {}

@@ -337,6 +337,13 @@ class JobManager:
             and now >= job.started_at + job.max_runtime
         ):
             self._stop(job, JobState.TIMED_OUT, f"ran past its maximum runtime of {job.max_runtime:g} s", now)
+            return
+        lease = self.lease_of(job)
+        if lease is None or lease.state is LeaseState.RELEASED:
+            # Its devices went back to the pool (someone released the lease through the API): running on
+            # would use devices the pool may already have given to someone else.
+            why = lease.release_reason if lease is not None else "it is gone"
+            self._stop(job, JobState.CANCELLED, f"its lease was released ({why})", now)
 
     def _stop(self, job: Job, then: JobState, reason: str, now: float) -> Job:
         stopping = job.with_stop(StopRequest(then, reason, now, now + self.grace))
