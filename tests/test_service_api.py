@@ -8,16 +8,13 @@ Users and their tokens are made through the hub's REST API with an admin service
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from hub_harness import SERVICE, RunningHub, answers, free_ports, service_command, write_hub_config
+from hub_harness import SERVICE, RunningHub, free_ports, service_command, write_hub_config
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
 
@@ -181,22 +178,6 @@ def test_a_bad_body_names_the_field(hub: Hub) -> None:
     assert missing.status_code == 400 and missing.json()["fields"] == ["owner_name"]
 
 
-def _service_pids(db_url: str) -> list[int]:
-    """The running service processes on this module's database (the managed one, before it is killed)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            environ = (proc / "environ").read_bytes()
-        except OSError:
-            continue
-        if b"gpupool.spawner.service" in cmdline and f"GPUPOOL_DB_URL={db_url}".encode() in environ:
-            pids.append(int(proc.name))
-    return pids
-
-
 def test_a_second_service_on_the_taken_port_stops_before_it_opens_a_store(hub: Hub) -> None:
     elsewhere = hub.tmp / "second-service.sqlite"
     second = subprocess.run(
@@ -219,24 +200,8 @@ def test_a_restarted_service_still_knows_alices_lease(hub: Hub) -> None:
     """Runs last: the hub restarts a dead managed service only on its 30 s poll, so start one ourselves."""
     with hub.as_user("alice") as alice:
         lease = _new_lease(alice)
-        pids = _service_pids(hub.service_env["GPUPOOL_DB_URL"])
-        assert pids, "the managed gpupool service process was not found"
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while _service_pids(hub.service_env["GPUPOOL_DB_URL"]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        log = (hub.tmp / "service-2.log").open("wb")
-        hub.extra.append(
-            subprocess.Popen(
-                service_command(),
-                env=os.environ | hub.service_env,
-                cwd=hub.tmp,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        )
-        hub.wait_for(answers(f"{hub.service_api}/openapi.json"), "the restarted service did not answer")
+        hub.kill_service()
+        hub.start_service()
 
         again = alice.get(f"/leases/{lease['id']}")
         assert again.status_code == 200, again.text
