@@ -3,13 +3,17 @@
 It behaves like the real module wherever a caller can tell: the real constants and exception classes, so
 ``except pynvml.NVMLError_NotFound`` works; opaque handles; the real ctypes result structures; ``str`` results
 (``bytes`` with ``legacy_bytes=True``, as nvidia-ml-py < 11.515 gave); ``Uninitialized`` before ``nvmlInit``;
-``NotFound`` for empty MIG slots; ``NotSupported`` for utilisation of MIG devices and GPUs in MIG mode.
+``NotFound`` for empty MIG slots; ``NotSupported`` for utilisation of MIG devices and GPUs in MIG mode, and
+for temperature, power and clocks of MIG devices. Telemetry: GPM (``nvmlGpm*``, on GPUs that support it:
+compute capability 9.0 and newer unless ``gpm`` says otherwise) with real ``c_nvmlGpmSample_t`` buffers, and
+XID errors through event sets (``xids`` waits to be delivered).
 MIG profile ids come from NVIDIA's tables here, independently of ``gpupool.spawner.pool.mig``, so the
 backend's mapping is checked rather than echoed.
 """
 
 from __future__ import annotations
 
+import ctypes
 import re
 import uuid as uuidlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -46,6 +50,24 @@ class FakeGpu:
     utilization: int = 0
     lost: bool = False  # fell off the bus: the handle is given, every query on it raises GpuIsLost
     errors: Mapping[str, int] = field(default_factory=dict)
+    # Telemetry. MIG instances are keyed by their start memory slice (the "@4" of "3g.40gb@4").
+    memory_utilization: int = 0
+    memory_used_mib: int = 0
+    temperature_c: int = 34
+    power_mw: int = 71_000
+    power_limit_mw: int = 700_000
+    sm_clock_mhz: int = 1980
+    ecc: tuple[int, int] | None = (0, 0)  # (corrected, uncorrected); None: ECC off, NotSupported
+    gpm: bool | None = None  # GPM support; None: as real drivers, from compute capability 9.0 on
+    mig_utilization: dict[int, float] = field(default_factory=dict)
+    mig_memory_utilization: dict[int, float] = field(default_factory=dict)
+    mig_memory_used_mib: dict[int, int] = field(default_factory=dict)
+    xids: list[tuple[int, int]] = field(default_factory=list)  # (XID code, GPU instance id or 0xFFFFFFFF)
+    events: bool = True  # whether XID events can be registered (False: NotSupported)
+
+    @property
+    def gpm_supported(self) -> bool:
+        return self.gpm if self.gpm is not None else self.compute_capability >= (9, 0)
 
     @property
     def total_mib(self) -> int:
@@ -171,7 +193,7 @@ def fake_pynvml(
     state = FakeState()
     module = ModuleType("pynvml", "Fake pynvml: see tests/fake_pynvml.py")
     for name in dir(real):
-        if name.startswith(("NVML_", "NVMLError", "NVMLLibraryMismatchError")):
+        if name.startswith(("NVML_", "NVMLError", "NVMLLibraryMismatchError", "c_nvml")):
             setattr(module, name, getattr(real, name))
 
     def text(value: str) -> str | bytes:
@@ -253,9 +275,11 @@ def fake_pynvml(
         gpu = check("nvmlDeviceGetMemoryInfo", handle)
         assert gpu is not None
         mib = gpu.total_mib * handle._mig.slices // 8 if handle._mig else gpu.total_mib
+        used = gpu.mig_memory_used_mib.get(handle._mig.start, 0) if handle._mig else gpu.memory_used_mib
+        total, taken = mib * 2**20, min(used, mib) * 2**20
         if version:
-            return real.c_nvmlMemory_v2_t(version=version, total=mib * 2**20, free=mib * 2**20)
-        return real.c_nvmlMemory_t(total=mib * 2**20, free=mib * 2**20, used=0)
+            return real.c_nvmlMemory_v2_t(version=version, total=total, free=total - taken, used=taken)
+        return real.c_nvmlMemory_t(total=total, free=total - taken, used=taken)
 
     @api
     def nvmlDeviceGetCudaComputeCapability(handle: _Handle) -> tuple[int, int]:
@@ -269,7 +293,160 @@ def fake_pynvml(
         assert gpu is not None
         if handle._mig or gpu.mig is not None:
             raise _error(real.NVML_ERROR_NOT_SUPPORTED)
-        return real.c_nvmlUtilization_t(gpu=gpu.utilization, memory=0)
+        return real.c_nvmlUtilization_t(gpu=gpu.utilization, memory=gpu.memory_utilization)
+
+    def board(function: str, handle: _Handle) -> FakeGpu:
+        """A query of the whole board: MIG device handles get NotSupported, as from real drivers."""
+        gpu = check(function, handle)
+        assert gpu is not None
+        if handle._mig is not None:
+            raise _error(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu
+
+    @api
+    def nvmlDeviceGetTemperature(handle: _Handle, sensor: int) -> int:
+        gpu = board("nvmlDeviceGetTemperature", handle)
+        if sensor != real.NVML_TEMPERATURE_GPU:
+            raise _error(real.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.temperature_c
+
+    @api
+    def nvmlDeviceGetPowerUsage(handle: _Handle) -> int:
+        return board("nvmlDeviceGetPowerUsage", handle).power_mw
+
+    @api
+    def nvmlDeviceGetEnforcedPowerLimit(handle: _Handle) -> int:
+        return board("nvmlDeviceGetEnforcedPowerLimit", handle).power_limit_mw
+
+    @api
+    def nvmlDeviceGetClockInfo(handle: _Handle, type: int) -> int:
+        gpu = board("nvmlDeviceGetClockInfo", handle)
+        if type != real.NVML_CLOCK_SM:
+            raise _error(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.sm_clock_mhz
+
+    @api
+    def nvmlDeviceGetTotalEccErrors(handle: _Handle, errorType: int, counterType: int) -> int:
+        gpu = board("nvmlDeviceGetTotalEccErrors", handle)
+        if gpu.ecc is None:
+            raise _error(real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.ecc[0] if errorType == real.NVML_MEMORY_ERROR_TYPE_CORRECTED else gpu.ecc[1]
+
+    # ---- GPM: sample buffers are real ctypes pointers; what each recorded is kept here by address ----
+    gpm_buffers: dict[int, Any] = {}  # address -> the buffer, kept alive while allocated
+    gpm_readings: dict[int, tuple[_Mig, int, float, float]] = {}  # address -> (instance, seq, util, dram)
+    gpm_seq = iter(range(1, 10**9))
+
+    def address(sample: Any) -> int:
+        try:
+            where = ctypes.addressof(sample.contents)
+        except (ValueError, AttributeError):  # a NULL pointer or not a GPM sample at all
+            raise _error(real.NVML_ERROR_INVALID_ARGUMENT) from None
+        if where not in gpm_buffers:
+            raise _error(real.NVML_ERROR_INVALID_ARGUMENT)
+        return where
+
+    @api
+    def nvmlGpmQueryDeviceSupport(device: _Handle) -> Any:
+        gpu = check("nvmlGpmQueryDeviceSupport", device, parent_only=True)
+        assert gpu is not None
+        return real.c_nvmlGpmSupport_t(
+            version=real.NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(gpu.gpm_supported)
+        )
+
+    @api
+    def nvmlGpmSampleAlloc() -> Any:
+        check("nvmlGpmSampleAlloc")
+        buffer = real.c_nvmlGpmSample_t(real.struct_c_nvmlGpmSample_t())
+        gpm_buffers[ctypes.addressof(buffer.contents)] = buffer
+        return buffer
+
+    @api
+    def nvmlGpmSampleFree(gpmSample: Any) -> None:
+        check("nvmlGpmSampleFree")
+        where = address(gpmSample)
+        del gpm_buffers[where]
+        gpm_readings.pop(where, None)
+
+    @api
+    def nvmlGpmMigSampleGet(device: _Handle, gpuInstanceId: int, gpmSample: Any) -> Any:
+        gpu = check("nvmlGpmMigSampleGet", device, parent_only=True)
+        assert gpu is not None
+        if not gpu.gpm_supported:
+            raise _error(real.NVML_ERROR_NOT_SUPPORTED)
+        mig = next((m for m in layouts[device._index] if m is not None and m.gi_id == gpuInstanceId), None)
+        if mig is None:
+            raise _error(real.NVML_ERROR_NOT_FOUND)
+        util = gpu.mig_utilization.get(mig.start, 0.0)
+        gpm_readings[address(gpmSample)] = (
+            mig,
+            next(gpm_seq),
+            util,
+            gpu.mig_memory_utilization.get(mig.start, 0.0),
+        )
+        return gpmSample
+
+    @api
+    def nvmlGpmMetricsGet(metricsGet: Any) -> Any:
+        check("nvmlGpmMetricsGet")
+        if metricsGet.version != real.NVML_GPM_METRICS_GET_VERSION:
+            raise _error(real.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        first = gpm_readings.get(address(metricsGet.sample1))
+        second = gpm_readings.get(address(metricsGet.sample2))
+        if first is None or second is None or first[0] is not second[0] or first[1] >= second[1]:
+            raise _error(real.NVML_ERROR_INVALID_ARGUMENT)  # unread buffers, two instances, or wrong order
+        if "nvmlGpmMetricsGet" in first[0].gpu.errors:
+            raise _error(first[0].gpu.errors["nvmlGpmMetricsGet"])
+        values = {real.NVML_GPM_METRIC_GRAPHICS_UTIL: second[2], real.NVML_GPM_METRIC_SM_UTIL: second[2]}
+        values[real.NVML_GPM_METRIC_DRAM_BW_UTIL] = second[3]
+        for i in range(metricsGet.numMetrics):
+            metric = metricsGet.metrics[i]
+            if metric.metricId in values:
+                metric.value, metric.nvmlReturn = values[metric.metricId], real.NVML_SUCCESS
+            else:
+                metric.nvmlReturn = real.NVML_ERROR_NOT_SUPPORTED
+        return metricsGet
+
+    # ---- XID errors through event sets ----
+    event_sets: dict[int, list[FakeGpu]] = {}
+
+    @api
+    def nvmlEventSetCreate() -> c_uint:
+        check("nvmlEventSetCreate")
+        key = len(event_sets) + 1
+        event_sets[key] = []
+        return c_uint(key)
+
+    @api
+    def nvmlDeviceRegisterEvents(handle: _Handle, eventTypes: int, eventSet: c_uint) -> None:
+        gpu = check("nvmlDeviceRegisterEvents", handle, parent_only=True)
+        assert gpu is not None
+        if not gpu.events:
+            raise _error(real.NVML_ERROR_NOT_SUPPORTED)
+        if eventSet.value not in event_sets:
+            raise _error(real.NVML_ERROR_INVALID_ARGUMENT)
+        event_sets[eventSet.value].append(gpu)
+
+    @api
+    def nvmlEventSetWait_v2(eventSet: c_uint, timeoutms: int) -> Any:
+        check("nvmlEventSetWait_v2")
+        for gpu in event_sets.get(eventSet.value, ()):
+            if gpu.lost:
+                raise _error(real.NVML_ERROR_GPU_IS_LOST)
+            if gpu.xids:
+                code, instance = gpu.xids.pop(0)
+                return real.c_nvmlEventData_t(
+                    eventType=real.nvmlEventTypeXidCriticalError, eventData=code, gpuInstanceId=instance
+                )
+        raise _error(real.NVML_ERROR_TIMEOUT)
+
+    module.nvmlEventSetWait = nvmlEventSetWait_v2  # type: ignore[attr-defined]
+
+    @api
+    def nvmlEventSetFree(eventSet: c_uint) -> None:
+        check("nvmlEventSetFree")
+        if event_sets.pop(eventSet.value, None) is None:
+            raise _error(real.NVML_ERROR_INVALID_ARGUMENT)
 
     @api
     def nvmlDeviceGetP2PStatus(device1: _Handle, device2: _Handle, p2pIndex: int) -> int:
@@ -352,7 +529,10 @@ def fake_pynvml(
         placement = real.c_nvmlGpuInstancePlacement_t(start=mig.start, size=mig.slices)
         return real.c_nvmlGpuInstanceInfo_t(id=mig.gi_id, profileId=mig.profile_id, placement=placement)
 
+    module.struct_c_nvmlGpmSample_t = real.struct_c_nvmlGpmSample_t  # type: ignore[attr-defined]
     module._fake = state  # type: ignore[attr-defined]
+    module._gpm_buffers = gpm_buffers  # type: ignore[attr-defined]
+    module._event_sets = event_sets  # type: ignore[attr-defined]
     return module
 
 

@@ -9,7 +9,6 @@ failing run stopped, so a reviewer sees what users see.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -17,48 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from browser_harness import artifacts, chromium
+from playwright.sync_api import Page, expect
 from up_harness import Up, api_token, extra_config, free_port_family, login, require_proxy, start_up
 
-ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",  # CI runs as root, where Chromium's sandbox refuses to start
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",  # the test machine reaches nothing outside; don't let it try
-    "--disable-component-update",
-    "--disable-sync",
-]
 MIG = "mig-3g"  # Half an H100 (MIG 3g.40gb) in hub_config/profiles.yaml; the demo pool has free slices
 AVAILABLE = re.compile(r"(\d+) could start now \(simulated\)")
 LAB_TIMEOUT_MS = 120_000  # spawn, OAuth and JupyterLab's first load take ~30-90 s on a 2-core CI box
-
-
-def artifacts() -> Path:
-    folder = Path(os.environ.get("GPUPOOL_TEST_ARTIFACTS") or ROOT / "test-artifacts")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-@contextlib.contextmanager
-def chromium() -> Iterator[Browser]:
-    """Debian's Chromium, headless; missing fails the test (not an error, not a skip): ``make test`` installs
-    it."""
-    if not CHROMIUM.is_file():
-        pytest.fail(
-            f"{CHROMIUM} is missing: `make test` installs it (apt-get install chromium); "
-            "the browser test needs Debian's Chromium, not Playwright's download"
-        )
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 @contextlib.contextmanager

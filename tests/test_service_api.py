@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from hub_harness import SERVICE, RunningHub, free_ports, service_command, write_hub_config
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
 
@@ -82,6 +83,32 @@ def test_a_request_without_a_token_is_401_and_a_bad_token_403(hub: Hub) -> None:
     bad = httpx.get(f"{hub.service_api}/pool", headers={"Authorization": "Bearer not-a-token"}, timeout=10)
     assert bad.status_code == 403
     assert "does not accept this token" in bad.json()["detail"]
+
+
+def test_the_metrics_page_parses_and_matches_the_pool_and_its_leases(hub: Hub) -> None:
+    with hub.as_user("alice") as alice, hub.as_user("admin") as admin:
+        lease = _new_lease(alice)
+        url = f"{hub.url}/services/gpupool/metrics"
+        assert httpx.get(url, headers=alice.headers, timeout=10).status_code == 403  # admins only
+        page = httpx.get(url, headers=admin.headers, timeout=10)
+        assert page.status_code == 200, page.text
+        families = {f.name: f for f in text_string_to_metric_families(page.text)}
+        granted = [
+            x for x in admin.get("/leases", params={"active_only": "true"}).json() if x["state"] == "granted"
+        ]
+        leases = {s.labels["state"]: s.value for s in families["gpupool_leases"].samples}
+        assert leases["granted"] == len(granted)
+        pool = admin.get("/pool").json()
+        totals = {
+            s.labels["uuid"]: s.value
+            for s in families["gpupool_gpu_memory_total_bytes"].samples
+            if not s.labels.get("mig_profile")
+        }
+        for gpu in (g for n in pool["nodes"] for g in n["gpus"]):
+            if gpu["uuid"] in totals:
+                assert totals[gpu["uuid"]] == gpu["memory_mib"] * 2**20
+        assert totals, "the sampler has not reported any GPU yet"
+        alice.delete(f"/leases/{lease['id']}")
 
 
 def test_the_pool_says_it_is_simulated(hub: Hub) -> None:

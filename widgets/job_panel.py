@@ -57,6 +57,9 @@ class JobPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
     """The panel; display it as a cell's last expression. ``close()`` stops its refresh thread."""
 
     def __init__(self, connection: Connection | None = None, refresh: float = 2.0) -> None:
+        # first: ipywidgets calls close() when __init__ fails, and close() needs the stop event
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
         self.connection = connection or Connection()
         self.refresh = refresh
         self.command = w.Text(description="Command", placeholder="python train.py --epochs 10")
@@ -68,18 +71,17 @@ class JobPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.table = w.HTML()
         self.chosen = w.Dropdown(description="Job", options=[])
         self.cancel_button = w.Button(description="Cancel job", button_style="danger", icon="stop")
-        self.log = w.Textarea(layout=w.Layout(width="100%", height="16em"), disabled=True)
+        # not ``self.log``: every widget's ``log`` is traitlets' Logger trait, which refuses a Textarea
+        self.log_view = w.Textarea(layout=w.Layout(width="100%", height="16em"), disabled=True)
         self.submit_button.on_click(lambda _button: self.submit())
         self.cancel_button.on_click(lambda _button: self.cancel())
         form = w.VBox(
             [self.command, w.HBox([self.profile, self.max_hours, self.retries]), self.submit_button]
         )
         super().__init__(
-            [form, self.message, self.table, w.HBox([self.chosen, self.cancel_button]), self.log],
+            [form, self.message, self.table, w.HBox([self.chosen, self.cancel_button]), self.log_view],
         )
         self.add_class("gpupool-job-panel")
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
         self.update()
         self._thread = threading.Thread(target=self._refresh_forever, name="gpupool-job-panel", daemon=True)
         self._thread.start()
@@ -141,9 +143,9 @@ class JobPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
                     self.chosen.value = keep
             if self.chosen.value:
                 try:
-                    self.log.value = Job(self.chosen.value, self.connection).logs()[-_LOG_TAIL:]
+                    self.log_view.value = Job(self.chosen.value, self.connection).logs()[-_LOG_TAIL:]
                 except GpupoolError as error:
-                    self.log.value = str(error)
+                    self.log_view.value = str(error)
 
     def close(self) -> None:
         self._stop.set()

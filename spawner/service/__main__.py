@@ -11,6 +11,8 @@ JupyterHub sets ``JUPYTERHUB_SERVICE_URL`` (where to listen), ``JUPYTERHUB_SERVI
 - ``GPUPOOL_POLICY``: the placement policy by name (default ``gpupool``; see ``gpupool.spawner.pool.policies``);
 - ``GPUPOOL_RECONCILE_SECONDS``: seconds between reconciliation passes (default 60; 0 turns it off), with the
   hub as ``JUPYTERHUB_API_TOKEN`` (scopes ``list:users`` and ``read:servers``), see :mod:`.reconcile`;
+- ``GPUPOOL_SAMPLE_SECONDS``: seconds between telemetry samples (default 2; 0 turns sampling off);
+- ``GPUPOOL_METRICS_PUBLIC``: ``1`` serves ``metrics`` without a token; unset, it needs an admin's token;
 - ``GPUPOOL_STOP_UNLEASED``: ``1`` to stop a server that runs a gpupool profile without a lease (two passes
   in a row); it needs ``delete:servers`` too. Unset, such servers are only reported.
 - jobs (see :mod:`.jobs`): ``GPUPOOL_JOB_GRACE_SECONDS`` between SIGTERM and SIGKILL when a job is stopped
@@ -49,6 +51,8 @@ from .jobs import JobManager
 from .leases import LeaseManager
 from .reconcile import HubClient, reconcile_forever
 from .store import LeaseStore, sqlite_url
+from .telemetry_api import metrics_public, telemetry_router
+from .telemetry_loop import Telemetry, make_sampler, sample_seconds
 
 log = logging.getLogger("gpupool.service")
 
@@ -102,14 +106,14 @@ def build(env: Mapping[str, str]) -> tuple[FastAPI, LeaseManager]:
         max_queued=int(_number(env, "GPUPOOL_MAX_QUEUED_JOBS", 100)),
         home_root=env.get("GPUPOOL_JOB_HOME_ROOT") or None,
     )
+    auth = Authenticator(api_url, name)
+    prefix = env.get("JUPYTERHUB_SERVICE_PREFIX") or DEFAULT_PREFIX
     app = create_app(
-        manager,
-        profiles,
-        backend=pool.backend,
-        source=pool.source,
-        auth=Authenticator(api_url, name),
-        prefix=env.get("JUPYTERHUB_SERVICE_PREFIX") or DEFAULT_PREFIX,
-        jobs=jobs,
+        manager, profiles, backend=pool.backend, source=pool.source, auth=auth, prefix=prefix, jobs=jobs
+    )
+    telemetry = Telemetry(manager, make_sampler(pool.backend, pool.nodes), interval=sample_seconds(env))
+    app.include_router(
+        telemetry_router(manager, telemetry, auth, prefix=prefix, public_metrics=metrics_public(env))
     )
     return app, manager
 
@@ -178,6 +182,7 @@ def main() -> None:
     env = dict(os.environ)
     address = listen_address(env)
     reconcile_seconds(env)  # a bad value stops the service before the port opens
+    sample_seconds(env)
     # The port first: a second service (say, one a restarted hub starts while the old one still serves)
     # must stop here, before it opens the store and writes to it behind the running one's back.
     listener = bind(address)

@@ -1,0 +1,63 @@
+"""Headless Debian Chromium for the browser tests, and where they save their screenshots.
+
+``/usr/bin/chromium`` (which ``make test`` installs) driven by Playwright; never Playwright's own browser
+download, which needs its CDN. Screenshots go to ``test-artifacts/`` (or ``$GPUPOOL_TEST_ARTIFACTS``), so a
+reviewer sees what users see. ``test_browser`` and ``test_job_panel_browser`` share it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",  # CI runs as root, where Chromium's sandbox refuses to start
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",  # the test machine reaches nothing outside; don't let it try
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def artifacts() -> Path:
+    folder = Path(os.environ.get("GPUPOOL_TEST_ARTIFACTS") or ROOT / "test-artifacts")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Browser]:
+    """Debian's Chromium, headless; missing fails the test (not an error, not a skip): ``make test`` installs
+    it."""
+    if not CHROMIUM.is_file():
+        pytest.fail(
+            f"{CHROMIUM} is missing: `make test` installs it (apt-get install chromium); "
+            "the browser test needs Debian's Chromium, not Playwright's download"
+        )
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@contextlib.contextmanager
+def screenshot_on_failure(page: Page, name: str) -> Iterator[Page]:
+    """On any failure (``pytest.fail`` too), save a picture of where the page stopped as ``name``."""
+    try:
+        yield page
+    except BaseException:
+        with contextlib.suppress(Exception):
+            page.screenshot(path=str(artifacts() / name), full_page=True)
+        raise
