@@ -275,10 +275,11 @@ def main() -> int:
     )
     parser.add_argument("--lease-max-requests", type=int, default=100_000, help="cap on calls per target")
     parser.add_argument(
-        "--cycle-rate",
-        type=float,
-        default=2.0,
-        help="paced load: POST+DELETE cycles per second per client, Poisson arrivals (default 2)",
+        "--cycle-rates",
+        type=lambda text: [float(part) for part in text.split(",")],
+        default=[0.5, 2.0],
+        help="paced loads: POST+DELETE cycles per second per client, Poisson arrivals (default 0.5,2: one "
+        "call a second per client, as a waiting spawner polls, and four)",
     )
     parser.add_argument("--skip-spawn", action="store_true", help="only the lease API (one hub, no spawns)")
     parser.add_argument(
@@ -316,7 +317,10 @@ def main() -> int:
                 "through the proxy": f"{gpu.url}/services/{SERVICE}/api/v1/",
                 "straight to the service": f"http://127.0.0.1:{gpu.ports['service_port']}/services/{SERVICE}/api/v1/",
             }
-            modes = {"paced": args.cycle_rate, "closed loop": None}
+            modes: dict[str, float | None] = {
+                f"paced {rate * 2 * args.clients:g} calls/s": rate for rate in args.cycle_rates
+            }
+            modes["closed loop"] = None
             for (target, base), (mode, rate) in itertools.product(targets.items(), modes.items()):
                 name = f"{mode}, {target}"
                 print(f"lease load {name}: {args.clients} clients, {args.lease_seconds:g}s", flush=True)
@@ -449,15 +453,14 @@ def render_spawns(args: argparse.Namespace, spawn: dict[str, list[float]]) -> li
 
 
 def render_leases(args: argparse.Namespace, leases: dict[str, dict[str, Any]]) -> list[str]:
-    offered = args.clients * args.cycle_rate * 2
     lines = [
         f"## Lease API under {args.clients} concurrent clients",
         "",
         f"Each client (its own `httpx.AsyncClient`, one connection) runs cycles of `POST leases` (profile "
         f"`cpu`, on behalf of a user of its own) then `DELETE leases/{{id}}`, for {args.lease_seconds:g} s "
-        "after 2 warm-up cycles each, with the hub's service token as the spawner uses it. **Paced**: each "
-        f"client starts {args.cycle_rate:g} cycles a second at random (Poisson) moments, {offered:.0f} calls/s "
-        "offered in all, and a POST's latency counts from when it was due. **Closed loop**: each client starts "
+        "after 2 warm-up cycles each, with the hub's service token as the spawner uses it. **Paced N calls/s**: "
+        "each client starts cycles at random (Poisson) moments, N calls/s offered in all, and a POST's latency "
+        "counts from when it was due. **Closed loop**: each client starts "
         "its next cycle as soon as its last one ends, so the service runs flat out and latency is queueing "
         "(50 clients / throughput); that row measures throughput.",
         "",
