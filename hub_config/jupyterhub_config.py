@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from gpupool.spawner.hub.up import read_or_create_secret
+from gpupool.spawner.hub.up import CULLER_SCOPES, culler_command, read_or_create_secret
 
 c = get_config()  # type: ignore[name-defined]  # noqa: F821  (JupyterHub provides it)
 
@@ -79,9 +79,16 @@ c.JupyterHub.services = [
         "cwd": str(STATE),
     },
     {
-        # Stops servers idle for an hour; their leases go back to the pool with them.
+        # Stops idle servers; their leases go back to the pool with them. gpupool's arbiter (see
+        # gpupool.spawner.hub.cull) applies each profile's idle_timeout, gpu_idle_timeout and max_lifetime
+        # (--timeout is for servers whose profile sets none), never culls a server whose GPUs are busy for
+        # inactivity, and warns the user GPUPOOL_CULL_WARNING_SECONDS ahead.
         "name": "jupyterhub-idle-culler",
-        "command": [sys.executable, "-m", "jupyterhub_idle_culler", "--timeout=3600"],
+        "command": culler_command(timeout=3600, cull_every=60),
+        "environment": {
+            "GPUPOOL_SERVICE_URL": "http://127.0.0.1:10101/services/gpupool/",
+            "GPUPOOL_CULL_WARNING_SECONDS": "900",  # EDIT: how long ahead users are warned
+        },
     },
     {"name": "gpupool-hub", "api_token": SPAWNER_TOKEN},  # the spawners' identity towards the service
 ]
@@ -107,7 +114,7 @@ c.JupyterHub.load_roles = [
     },
     {
         "name": "idle-culler",
-        "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        "scopes": list(CULLER_SCOPES),  # with admin:server_state, custom:gpupool:admin and gpupool access
         "services": ["jupyterhub-idle-culler"],
     },
     {  # reconciliation: compare the leases with the servers that really run, stop servers without one

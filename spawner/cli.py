@@ -21,6 +21,7 @@ from .pool.policies import POLICIES
 from .pool.state import PoolState
 
 JOB_COMMANDS = ("submit", "jobs", "logs", "cancel")
+ADMIN_COMMANDS = ("drain", "undrain")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -29,6 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command in JOB_COMMANDS:
             code: int = _job_commands().run(args.handler, args)
+            return code
+        if args.command in ADMIN_COMMANDS:
+            code = _admin_commands().run(args.handler, args)
             return code
         result: int = args.handler(args)
         return result
@@ -112,6 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     placement.set_defaults(handler=_bench_placement)
 
     _job_commands().add_job_commands(commands)
+    _admin_commands().add_admin_commands(commands)
     return parser
 
 
@@ -119,6 +124,11 @@ def _job_commands() -> Any:
     """The job commands live on the notebook side (``gpupool.widgets``, a client of the service's API); the
     admin side reaches them by name so that it does not depend on that outer layer."""
     return importlib.import_module("gpupool.widgets.jobs_cli")
+
+
+def _admin_commands() -> Any:
+    """``drain`` and ``undrain``: API clients too, reached by name like the job commands."""
+    return importlib.import_module("gpupool.widgets.admin_cli")
 
 
 def _up(args: argparse.Namespace) -> int:

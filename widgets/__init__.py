@@ -1,7 +1,7 @@
-"""Notebook side of gpupool: a client of the gpupool service for jobs, and ``JobPanel``.
+"""Notebook side of gpupool: a client of the gpupool service for jobs, ``JobPanel`` and ``GpuMonitor``.
 
-Importing this package is cheap: ``submit`` and friends need only httpx, and ``JobPanel`` loads ipywidgets
-on first use.
+Importing this package is cheap: ``submit`` and friends need only httpx; ``JobPanel`` and ``GpuMonitor``
+load ipywidgets on first use.
 """
 
 from typing import Any
@@ -9,7 +9,7 @@ from typing import Any
 from .client import Connection, GpupoolError
 from .jobs import Job, job, my_jobs, submit
 
-__all__ = ["Connection", "GpupoolError", "Job", "JobPanel", "job", "my_jobs", "submit"]
+__all__ = ["Connection", "GpuMonitor", "GpupoolError", "Job", "JobPanel", "job", "my_jobs", "submit"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,4 +17,8 @@ def __getattr__(name: str) -> Any:
         from .job_panel import JobPanel
 
         return JobPanel
+    if name == "GpuMonitor":
+        from .gpu_monitor import GpuMonitor
+
+        return GpuMonitor
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -178,9 +178,44 @@ def services(settings: UpSettings) -> list[dict[str, object]]:
             "environment": service_environment(settings),
             "cwd": str(settings.state),
         },
-        {"name": CULLER, "command": [sys.executable, "-m", "jupyterhub_idle_culler", "--timeout=3600"]},
+        {
+            "name": CULLER,
+            "command": culler_command(),
+            # the cull arbiter asks the service about GPU activity and records its warnings there
+            "environment": {"GPUPOOL_SERVICE_URL": settings.service_url},
+        },
         {"name": SPAWNER_CLIENT, "api_token": spawner_token(settings.state)},
     ]
+
+
+def culler_config() -> Path:
+    """``hub_config/idle_culler_config.py``: the culler with gpupool's cull arbiter."""
+    return Path(str(resources.files("gpupool.hub_config").joinpath("idle_culler_config.py")))
+
+
+def culler_command(timeout: int = 3600, cull_every: int = 60) -> list[str]:
+    """jupyterhub-idle-culler with gpupool's arbiter: ``timeout`` applies to servers whose profile sets no
+    ``idle_timeout``; passes every ``cull_every`` seconds, so GPU limits and warnings hold to about a minute."""
+    return [
+        sys.executable,
+        "-m",
+        "jupyterhub_idle_culler",
+        f"--timeout={timeout}",
+        f"--cull-every={cull_every}",
+        f"--config={culler_config()}",
+    ]
+
+
+# the culler reads lease ids from server state, and GPU activity and warnings from the gpupool service
+CULLER_SCOPES = (
+    "list:users",
+    "read:users:activity",
+    "read:servers",
+    "delete:servers",
+    "admin:server_state",
+    "custom:gpupool:admin",
+    f"access:services!service={SERVICE}",
+)
 
 
 # JupyterHub's own scopes for the server role, which a role of that name replaces rather than extends.
@@ -198,7 +233,7 @@ def roles(admins: list[str]) -> list[dict[str, object]]:
         {"name": "gpupool-admin", "scopes": ["custom:gpupool:admin", access], "users": admins},
         {
             "name": "idle-culler",
-            "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+            "scopes": list(CULLER_SCOPES),
             "services": [CULLER],
         },
         # the service reconciles leases with the servers that really run, and stops one found without a lease

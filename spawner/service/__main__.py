@@ -12,6 +12,8 @@ JupyterHub sets ``JUPYTERHUB_SERVICE_URL`` (where to listen), ``JUPYTERHUB_SERVI
 - ``GPUPOOL_RECONCILE_SECONDS``: seconds between reconciliation passes (default 60; 0 turns it off), with the
   hub as ``JUPYTERHUB_API_TOKEN`` (scopes ``list:users`` and ``read:servers``), see :mod:`.reconcile`;
 - ``GPUPOOL_SAMPLE_SECONDS``: seconds between telemetry samples (default 2; 0 turns sampling off);
+- ``GPUPOOL_GPU_IDLE_THRESHOLD``: utilisation in % below which a held GPU counts as idle (default 10; see
+  :mod:`.idle_api`, what the idle culler's hook asks);
 - ``GPUPOOL_METRICS_PUBLIC``: ``1`` serves ``metrics`` without a token; unset, it needs an admin's token;
 - ``GPUPOOL_STOP_UNLEASED``: ``1`` to stop a server that runs a gpupool profile without a lease (two passes
   in a row); it needs ``delete:servers`` too. Unset, such servers are only reported.
@@ -46,6 +48,9 @@ from ..pool.policies import PlacementPolicy, policy_by_name
 from ..pool.profiles import ProfileError
 from .app import DEFAULT_PREFIX, create_app
 from .auth import Authenticator
+from .dashboard import dashboard_router
+from .health_api import health_router
+from .idle_api import gpu_idle_threshold, idle_router
 from .job_store import JobStore
 from .jobs import JobManager
 from .leases import LeaseManager
@@ -114,6 +119,13 @@ def build(env: Mapping[str, str]) -> tuple[FastAPI, LeaseManager]:
     telemetry = Telemetry(manager, make_sampler(pool.backend, pool.nodes), interval=sample_seconds(env))
     app.include_router(
         telemetry_router(manager, telemetry, auth, prefix=prefix, public_metrics=metrics_public(env))
+    )
+    app.include_router(health_router(jobs, telemetry, auth, prefix=prefix))
+    app.include_router(
+        idle_router(manager, telemetry, auth, profiles, prefix=prefix, threshold=gpu_idle_threshold(env))
+    )
+    app.include_router(
+        dashboard_router(manager, telemetry, auth, prefix=prefix, backend=pool.backend, source=pool.source)
     )
     return app, manager
 

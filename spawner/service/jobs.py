@@ -188,22 +188,34 @@ class JobManager:
                 return self._stop(job, JobState.CANCELLED, reason, now)
             return job
 
-    def fault(self, node: str, gpu_index: int | None) -> list[Job]:
+    def fault(self, node: str, gpu_index: int | None, why: str = "") -> list[Job]:
         """Mark a node (or one GPU on it) unhealthy; every job running on it is stopped and put back in the
-        queue (up to its retries). KeyError names an unknown node or GPU. Returns the jobs stopped."""
+        queue (up to its retries). ``why`` (a critical XID, a lost GPU) goes into the jobs' reason. KeyError
+        names an unknown node or GPU. Returns the jobs stopped."""
+        said = f"{_what(node, gpu_index)} was marked unhealthy" + (f" ({why})" if why else "")
+        return self._take_out(node, gpu_index, Health.UNHEALTHY, said, why)
+
+    def drain(self, node: str, gpu_index: int | None, by: str = "an admin") -> list[Job]:
+        """Drain a node (or one GPU on it): nothing new is placed there, and every job running on it is
+        stopped (SIGTERM, the grace period, SIGKILL) and requeued, as on a fault. Servers keep running.
+        Draining again changes nothing and stops nobody new. KeyError names an unknown node or GPU."""
+        said = f"{_what(node, gpu_index)} was drained by {by}"
+        return self._take_out(node, gpu_index, Health.DRAINED, said, f"drained by {by}")
+
+    def undrain(self, node: str, gpu_index: int | None) -> None:
+        """Place on a drained node or GPU again (unless it is also unhealthy) and admit queued work."""
+        self.leases.clear_health(node, Health.DRAINED, gpu_index)
+        self._poke()
+
+    def _take_out(self, node: str, gpu_index: int | None, health: Health, said: str, why: str) -> list[Job]:
         with self._lock:
-            self.leases.set_health(node, Health.UNHEALTHY, gpu_index)
-            gpus = self.leases.pool.node(node).gpus
-            uuid = next((g.uuid for g in gpus if g.index == gpu_index), None)
-            what = f"GPU {gpu_index} of node {node}" if gpu_index is not None else f"node {node}"
+            self.leases.set_health(node, health, gpu_index, why)
+            on_it = {lease.id for lease in self.leases.leases_on(node, gpu_index)}
             stopped = []
             now = self._clock()
             for job in self.store.live():
-                if job.state is not JobState.RUNNING or job.lease_id is None:
-                    continue
-                lease = self.leases.get(job.lease_id)
-                if lease.node == node and (uuid is None or any(g.gpu_uuid == uuid for g in lease.devices)):
-                    stopped.append(self._stop(job, JobState.REQUEUED, f"{what} was marked unhealthy", now))
+                if job.state is JobState.RUNNING and job.lease_id in on_it and job.stop is None:
+                    stopped.append(self._stop(job, JobState.REQUEUED, said, now))
             return stopped
 
     # ---- reading ----------------------------------------------------------------------------------------
@@ -441,3 +453,7 @@ class JobManager:
                 log.info(
                     "job %s of %s: re-adopting attempt %d (pid %s)", job.id, job.user, job.attempts, job.pid
                 )
+
+
+def _what(node: str, gpu_index: int | None) -> str:
+    return f"GPU {gpu_index} of node {node}" if gpu_index is not None else f"node {node}"

@@ -71,6 +71,7 @@ class LeaseManager:
         self._gpu_memory = {g.uuid: g.memory_mib for ns in self._pool.nodes for g in ns.gpus}
         self._queue = AdmissionQueue()
         self._granted_listeners: list[Callable[[list[Lease]], None]] = []
+        self._health_marks: dict[tuple[str, int | None], dict[Health, str]] = {}
         self.released_at_start = self._restore()
 
     @property
@@ -189,13 +190,65 @@ class LeaseManager:
             return gpu_weight(lease.request, mig[0].memory_mib, self._gpu_memory.get(mig[0].gpu_uuid, 0))
         return gpu_weight(lease.request)
 
-    def set_health(self, node: str, health: Health, gpu_index: int | None = None) -> None:
-        """Mark a node, or one GPU on it, as the backend reports it; held devices stay held (their owners are
-        told by whoever called), new placements avoid it. KeyError names an unknown node or GPU."""
+    def set_health(self, node: str, health: Health, gpu_index: int | None = None, reason: str = "") -> None:
+        """Mark a node, or one GPU on it: UNHEALTHY (a fault) or DRAINED (an admin) adds that mark, HEALTHY
+        clears every mark. Held devices stay held (their owners are told by whoever called); new placements
+        avoid a marked device. KeyError names an unknown node or GPU, and then nothing changes.
+
+        Faults and drains are kept apart, so undraining a device that failed meanwhile leaves it unhealthy:
+        a device is UNHEALTHY while it has a fault mark, else DRAINED while drained, else HEALTHY."""
         with self._lock:
-            self._pool.set_health(node, health, gpu_index)
+            marks = dict(self._health_marks.get((node, gpu_index), {}))
             if health is Health.HEALTHY:
-                self.admit()
+                marks.clear()
+            else:
+                marks[health] = reason
+            self._apply_marks(node, gpu_index, marks)
+
+    def clear_health(self, node: str, health: Health, gpu_index: int | None = None) -> None:
+        """Take one kind of mark (DRAINED or UNHEALTHY) off a node or GPU; placements resume once it has
+        none left, and queued work is admitted then. KeyError names an unknown node or GPU."""
+        with self._lock:
+            marks = dict(self._health_marks.get((node, gpu_index), {}))
+            marks.pop(health, None)
+            self._apply_marks(node, gpu_index, marks)
+
+    def health_marks(self) -> dict[tuple[str, int | None], dict[Health, str]]:
+        """(node, GPU index or None for the whole node) -> its marks and their reasons."""
+        with self._lock:
+            return {key: dict(marks) for key, marks in self._health_marks.items()}
+
+    def health_of(self, node: str, gpu_index: int | None = None) -> Health:
+        """What the marks of a node, or of one GPU on it, make it (not counting its node's marks)."""
+        with self._lock:
+            return _effective(self._health_marks.get((node, gpu_index), {}))
+
+    def leases_on(self, node: str, gpu_index: int | None = None) -> list[Lease]:
+        """The granted leases holding devices on ``node`` (on its GPU ``gpu_index``, when given)."""
+        with self._lock:
+            gpus = self._pool.node(node).gpus  # KeyError for an unknown node
+            uuid = None
+            if gpu_index is not None:
+                uuid = next((g.uuid for g in gpus if g.index == gpu_index), None)
+                if uuid is None:
+                    raise KeyError(f"node {node} has no GPU {gpu_index}")
+            return [
+                lease
+                for lease in self.all_leases(active_only=True)
+                if lease.state is LeaseState.GRANTED
+                and lease.node == node
+                and (uuid is None or any(g.gpu_uuid == uuid for g in lease.devices))
+            ]
+
+    def _apply_marks(self, node: str, gpu_index: int | None, marks: dict[Health, str]) -> None:
+        health = _effective(marks)
+        self._pool.set_health(node, health, gpu_index)  # KeyError before anything is recorded
+        if marks:
+            self._health_marks[(node, gpu_index)] = marks
+        else:
+            self._health_marks.pop((node, gpu_index), None)
+        if health is Health.HEALTHY:
+            self.admit()
 
     # ---- reading ----------------------------------------------------------------------------------------
 
@@ -296,6 +349,12 @@ class LeaseManager:
                 gone.append(released)
         self.admit()  # the pool may have grown while the service was down
         return tuple(gone)
+
+
+def _effective(marks: Mapping[Health, str]) -> Health:
+    if Health.UNHEALTHY in marks:
+        return Health.UNHEALTHY
+    return Health.DRAINED if Health.DRAINED in marks else Health.HEALTHY
 
 
 def _recorded_option(pool: PoolState, lease: Lease) -> Option:

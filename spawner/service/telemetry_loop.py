@@ -95,6 +95,12 @@ class Telemetry:
         self.passes = 0
         self.failures = 0
         self.running = False
+        self._observers: list[Callable[[Snapshot], None]] = []
+
+    def add_observer(self, observer: Callable[[Snapshot], None]) -> None:
+        """Call ``observer`` with every snapshot recorded, on the event loop (the health checks); one that
+        raises is logged and the others still run."""
+        self._observers.append(observer)
 
     @property
     def simulated(self) -> bool:
@@ -120,6 +126,11 @@ class Telemetry:
             self.minutes.extend(closed)
             if self.on_minutes is not None:
                 self.on_minutes(closed)
+        for observer in self._observers:
+            try:
+                observer(snapshot)
+            except Exception:
+                log.exception("telemetry observer %r failed", observer)
         return closed
 
     async def sample_once(self) -> Snapshot:

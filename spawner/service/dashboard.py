@@ -1,0 +1,249 @@
+"""The pages at ``{prefix}`` (``/services/gpupool/``): the admin dashboard and a user's own usage page.
+
+An administrator (``custom:gpupool:admin``) sees the pool as nodes → GPUs → MIG slices and shares with who
+holds what and each device's health, a utilisation heat map from the latest samples, the queue, and the held
+devices that have been idle (below ``idle_threshold`` percent for at least ``idle_after`` seconds, up to
+now). Any other user with access to the service sees their own leases, their devices' latest readings, their
+idle devices and their GPU-hours held against used.
+
+Authentication: the page takes a JupyterHub API token as ``?token=…`` or in the ``Authorization`` header and
+checks it with the hub like every API call (:class:`.auth.Authenticator`); the page's script refreshes it
+every few seconds from the same address. (JupyterHub's OAuth for services would let a logged-in browser in
+without a token; it is not wired yet.)
+
+Pure HTML building lives in :mod:`.dashboard_page`; :func:`held_idle` is the idle finder, pure too.
+"""
+
+# No ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
+import html
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Protocol
+
+from fastapi import APIRouter, Header, Query
+from fastapi.responses import HTMLResponse
+
+from ..inventory import describe_pool
+from ..telemetry.aggregates import DEFAULT_USED_THRESHOLD, MinuteAggregate
+from ..telemetry.samples import Sample
+from .auth import Authenticator
+from .dashboard_page import (
+    IdleDevice,
+    QueuedLease,
+    device_cell,
+    heat_map,
+    idle_list,
+    page,
+    pool_tree,
+    queue_table,
+    section,
+    summary_line,
+    usage_table,
+)
+from .leases import LeaseManager, describe
+from .store import Lease, LeaseState
+from .telemetry_loop import Telemetry
+
+
+@dataclass(frozen=True)
+class HeldDevice:
+    """A device a granted lease holds, as the idle finder needs it."""
+
+    uuid: str
+    label: str
+    user: str
+    lease_id: str
+    granted_at: float
+
+
+class RecentSamples(Protocol):
+    def recent(self, uuid: str, since: float | None = None) -> list[Sample]: ...
+
+
+def held_idle(
+    held: Iterable[HeldDevice],
+    history: RecentSamples,
+    minutes: Iterable[MinuteAggregate],
+    *,
+    threshold: float = DEFAULT_USED_THRESHOLD,
+    min_seconds: float = 60.0,
+    max_gap: float = 10.0,
+) -> list[IdleDevice]:
+    """Held devices whose utilisation stayed below ``threshold`` percent from some time up to their latest
+    sample, for at least ``min_seconds``, longest first. The span runs back through the recent samples and,
+    past them, through contiguous per-minute aggregates of the same lease that were idle too. A device whose
+    utilisation is not available is never called idle."""
+    by_device: dict[tuple[str, str], list[MinuteAggregate]] = {}
+    for aggregate in minutes:
+        if aggregate.holder is not None:
+            by_device.setdefault((aggregate.uuid, aggregate.holder.lease_id), []).append(aggregate)
+    found = []
+    for device in held:
+        samples = history.recent(device.uuid, device.granted_at - 1e-9)
+        if not samples:
+            continue
+        idle_tail = []
+        for sample in reversed(samples):
+            util = sample.gpu_utilization
+            if util is None or util >= threshold:
+                break
+            idle_tail.append(util)
+        if not idle_tail:
+            continue
+        latest = samples[-1]
+        since, peak = samples[-len(idle_tail)].time, max(idle_tail)
+        whole_buffer = len(idle_tail) == len(samples)
+        if whole_buffer:
+            ordered = sorted(by_device.get((device.uuid, device.lease_id), []), key=lambda a: -a.minute)
+            for aggregate in ordered:
+                if aggregate.minute >= since:
+                    continue
+                if aggregate.minute + 60 < since - max_gap:
+                    break  # a hole in the record: idleness before it is not known to continue
+                if aggregate.seconds_used or aggregate.seconds_unknown or aggregate.utilization_max is None:
+                    break
+                since, peak = aggregate.minute, max(peak, aggregate.utilization_max)
+        since = max(since, device.granted_at)
+        seconds = latest.time - since
+        if seconds >= min_seconds:
+            found.append(IdleDevice(device.uuid, device.label, device.user, device.lease_id, seconds, peak))
+    return sorted(found, key=lambda i: -i.seconds)
+
+
+def device_labels(pool: Mapping[str, Any]) -> dict[str, str]:
+    """UUID -> ``H100-80GB #5 (node-a)`` or ``MIG 3g.40gb on A100 #2 (node-a)``."""
+    labels = {}
+    for node in pool["nodes"]:
+        for gpu in node["gpus"]:
+            name = f"{gpu['product']} #{gpu['index']} ({node['name']})"
+            labels[gpu["uuid"]] = name
+            for instance in gpu["mig"]:
+                labels[instance["uuid"]] = f"MIG {instance['profile']} on {name}"
+    return labels
+
+
+def holder_name(lease: Lease) -> str:
+    """Who holds a lease, as the pages say it: ``alice``, ``alice/big`` (a named server), ``alice · job x``."""
+    if lease.owner_kind == "job":
+        return f"{lease.user} · job {lease.owner_name}"
+    return f"{lease.user}/{lease.owner_name}" if lease.owner_name else lease.user
+
+
+def dashboard_router(
+    manager: LeaseManager,
+    telemetry: Telemetry,
+    auth: Authenticator,
+    *,
+    prefix: str = "/services/gpupool/",
+    backend: str = "",
+    source: str = "",
+    idle_threshold: float = DEFAULT_USED_THRESHOLD,
+    idle_after: float = 60.0,
+    clock: Callable[[], float] = time.time,
+) -> APIRouter:
+    """``GET {prefix}``: the admin dashboard or the caller's own page; to ``app.include_router``."""
+    base = "/" + prefix.strip("/")
+    router = APIRouter()
+
+    def gather() -> tuple[dict[str, Any], list[Lease], dict[str, dict[str, Any]], list[IdleDevice]]:
+        pool = manager.inspect(lambda state: describe_pool(state, backend, source))
+        leases = manager.all_leases(active_only=True)
+        latest = {u: s.to_json() for u, s in telemetry.history.latest_all().items()}
+        labels = device_labels(pool)
+        held = [
+            HeldDevice(
+                g.uuid, labels.get(g.uuid, g.label), holder_name(lease), lease.id, lease.granted_at or 0
+            )
+            for lease in leases
+            if lease.state is LeaseState.GRANTED
+            for g in lease.devices
+        ]
+        idle = held_idle(
+            held, telemetry.history, telemetry.minutes, threshold=idle_threshold, min_seconds=idle_after
+        )
+        return pool, leases, latest, idle
+
+    @router.get(f"{base}/", response_class=HTMLResponse, include_in_schema=False)
+    async def dashboard(
+        token: Annotated[str | None, Query(description="a JupyterHub API token")] = None,
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> HTMLResponse:
+        caller = await auth(authorization or (f"token {token}" if token else None))
+        pool, leases, latest, idle = gather()
+        simulated = telemetry.simulated if telemetry.history.last_time is not None else backend == "simulated"
+        note = f"below {idle_threshold:g}% for at least {idle_after / 60:g} min"
+        if caller.is_admin:
+            users_of = {lease.id: holder_name(lease) for lease in leases}
+            now = clock()
+            queue = sorted(
+                (
+                    QueuedLease(
+                        manager.position(x.id) or 0,
+                        x.user,
+                        x.profile,
+                        describe(x.request),
+                        now - x.created_at,
+                        x.id,
+                    )
+                    for x in leases
+                    if x.state is LeaseState.QUEUED
+                ),
+                key=lambda q: q.position,
+            )
+            body = (
+                f'<p class="summary">{summary_line(pool["summary"])}</p>'
+                + section("Utilisation", heat_map(pool, latest), "heat")
+                + section(f"Held but idle ({note})", idle_list(idle, note), "idle")
+                + section("Queue", queue_table(queue), "queue")
+                + section("Pool", pool_tree(pool, users_of, latest), "pool")
+            )
+            return HTMLResponse(page("gpupool — pool", body, simulated=simulated))
+        mine = [x for x in leases if x.user == caller.name]
+        body = (
+            section("My devices", _my_devices(mine, latest, device_labels(pool)), "mine")
+            + section(
+                f"Idle ({note})",
+                idle_list([i for i in idle if i.lease_id in {x.id for x in mine}], note),
+                "idle",
+            )
+            + section("My usage (GPU-hours)", usage_table(_usage(telemetry.minutes, caller.name)), "usage")
+            + f'<p class="summary">{summary_line(pool["summary"])}</p>'
+        )
+        return HTMLResponse(page(f"gpupool — {caller.name}", body, simulated=simulated))
+
+    return router
+
+
+def _my_devices(
+    leases: Iterable[Lease], latest: Mapping[str, Mapping[str, Any]], labels: Mapping[str, str]
+) -> str:
+    rows = []
+    for lease in leases:
+        if lease.state is LeaseState.QUEUED:
+            rows.append(
+                f"<li>{html.escape(lease.profile)}: waiting in the queue (lease {html.escape(lease.id)})</li>"
+            )
+            continue
+        cells = "".join(
+            device_cell(
+                labels.get(g.uuid, g.label), g.uuid, [holder_name(lease)], "healthy", latest.get(g.uuid)
+            )
+            for g in lease.devices
+        )
+        rows.append(
+            f"<li>{html.escape(lease.profile)} (lease {html.escape(lease.id)}){cells or ' — no GPU'}</li>"
+        )
+    return f"<ul>{''.join(rows)}</ul>" if rows else "<p>You hold no devices now.</p>"
+
+
+def _usage(minutes: Iterable[MinuteAggregate], user: str) -> list[tuple[str, float, float, float]]:
+    """Per profile: seconds held, used and unknown by ``user``, from the per-minute aggregates."""
+    totals: dict[str, list[float]] = {}
+    for aggregate in minutes:
+        if aggregate.holder is not None and aggregate.holder.user == user:
+            row = totals.setdefault(aggregate.holder.profile, [0.0, 0.0, 0.0])
+            row[0] += aggregate.seconds_held
+            row[1] += aggregate.seconds_used
+            row[2] += aggregate.seconds_unknown
+    return [(profile, held, used, unknown) for profile, (held, used, unknown) in sorted(totals.items())]

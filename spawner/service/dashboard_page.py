@@ -1,0 +1,243 @@
+"""The dashboard's HTML, built by pure functions from plain data (no I/O, no clock), so it is tested without
+a server or a browser. :mod:`.dashboard` gathers the data and serves the pages."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+NA = "N/A"
+
+
+@dataclass(frozen=True)
+class IdleDevice:
+    """A held device whose utilisation stayed below the threshold for all of ``seconds`` up to now."""
+
+    uuid: str
+    label: str
+    user: str
+    lease_id: str
+    seconds: float
+    peak: float  # the highest utilisation seen in that time, percent
+
+
+@dataclass(frozen=True)
+class QueuedLease:
+    position: int
+    user: str
+    profile: str
+    ask: str
+    waited_seconds: float
+    lease_id: str
+
+
+def duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``3 h``, ``2 h 10 min``, ``4 d 2 h``."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h" + (f" {minutes} min" if minutes else "")
+    days, hours = divmod(hours, 24)
+    return f"{days} d" + (f" {hours} h" if hours else "")
+
+
+def heat_colour(utilization: float | None) -> str:
+    """The heat map's colour for a utilisation percentage: grey for "not available", else from pale blue
+    (idle) through yellow to red (busy)."""
+    if utilization is None:
+        return "#c8c8c8"
+    u = min(max(utilization, 0.0), 100.0) / 100
+    hue = 210 - 210 * u  # 210 (blue) -> 0 (red)
+    return f"hsl({hue:.0f}, 75%, {88 - 38 * u:.0f}%)"
+
+
+def _pct(value: float | None) -> str:
+    return NA if value is None else f"{value:.0f}%"
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value))
+
+
+def idle_line(idle: IdleDevice) -> str:
+    """``3 h at 0% on H100 #5, alice`` (``at ≤3%`` when it rose a little, but stayed below the threshold)."""
+    level = "0%" if idle.peak < 0.5 else f"≤{idle.peak:.0f}%"
+    return f"{duration(idle.seconds)} at {level} on {idle.label}, {idle.user}"
+
+
+def device_cell(
+    label: str,
+    uuid: str,
+    holders: Sequence[str],
+    health: str,
+    sample: Mapping[str, Any] | None,
+    extra: str = "",
+    *,
+    leased_whole: bool = True,
+) -> str:
+    """One device in the tree: a heat-coloured square, its label, who holds it, health and latest readings.
+    ``leased_whole`` False (a GPU in MIG mode, leased only through its slices): no "free" or holder."""
+    util = sample.get("gpu_utilization") if sample else None
+    memory = sample.get("memory_used_mib") if sample else None
+    total = sample.get("memory_total_mib") if sample else None
+    memory_text = (
+        NA if memory is None else f"{memory / 1024:.1f}" + (f"/{total / 1024:.0f} GiB" if total else " GiB")
+    )
+    holder = (", ".join(holders) if holders else "free") if leased_whole else "split into MIG slices"
+    state = "" if health == "healthy" else f' <span class="bad">{_e(health)}</span>'
+    return (
+        f'<div class="dev{" held" if holders else ""}" title="{_e(uuid)}">'
+        f'<span class="sq" style="background:{heat_colour(util)}"></span>'
+        f'<b>{_e(label)}</b>{_e(extra)} — <span class="who">{_e(holder)}</span>{state} '
+        f'<span class="m">util {_pct(util)} · mem {memory_text}</span></div>'
+    )
+
+
+def pool_tree(
+    pool: Mapping[str, Any], users_of: Mapping[str, str], latest: Mapping[str, Mapping[str, Any]]
+) -> str:
+    """Nodes → GPUs → MIG slices and shares, from ``describe_pool``; ``users_of`` maps a lease id (the
+    pool's holder) to ``user (server or job)``."""
+    parts = []
+    for node in pool.get("nodes", []):
+        health = "" if node["health"] == "healthy" else f' <span class="bad">{_e(node["health"])}</span>'
+        gpus = []
+        for gpu in node["gpus"]:
+            holders = [users_of.get(h, h) for h in gpu["holders"]]
+            extra = f" ({gpu['mode']}"
+            if gpu["mode"] == "shared":
+                extra += f", {gpu['free_milli'] / 10:g}% free"
+            extra += ")"
+            label = f"{gpu['product']} #{gpu['index']}"
+            cell = device_cell(
+                label,
+                gpu["uuid"],
+                holders,
+                gpu["health"],
+                latest.get(gpu["uuid"]),
+                extra,
+                leased_whole=gpu["mode"] != "mig",
+            )
+            slices = "".join(
+                device_cell(
+                    f"MIG {m['profile']} @{m['start']}",
+                    m["uuid"],
+                    [users_of.get(h, h) for h in m["holders"]],
+                    "healthy",
+                    latest.get(m["uuid"]),
+                )
+                for m in gpu["mig"]
+            )
+            gpus.append(f"<li>{cell}{f'<ul class=mig>{slices}</ul>' if slices else ''}</li>")
+        cpu = f"CPU {node['cpu_free_milli'] / 1000:g}/{node['cpu_milli'] / 1000:g} free"
+        parts.append(
+            f'<li class="node"><b>{_e(node["name"])}</b>{health} <span class="m">{cpu}</span>'
+            f"<ul>{''.join(gpus) or '<li>(no GPUs)</li>'}</ul></li>"
+        )
+    return f'<ul class="tree">{"".join(parts)}</ul>'
+
+
+def heat_map(pool: Mapping[str, Any], latest: Mapping[str, Mapping[str, Any]]) -> str:
+    """A row of squares per node, one per leasable device (a whole or shared GPU, or a MIG slice),
+    coloured by its latest utilisation."""
+    rows = []
+    for node in pool.get("nodes", []):
+        cells = []
+        for gpu in node["gpus"]:
+            devices = [(f"MIG {m['profile']} on #{gpu['index']}", m["uuid"]) for m in gpu["mig"]] or [
+                (f"{gpu['product']} #{gpu['index']}", gpu["uuid"])
+            ]
+            for label, uuid in devices:
+                util = latest.get(uuid, {}).get("gpu_utilization")
+                cells.append(
+                    f'<span class="hm" data-uuid="{_e(uuid)}" title="{_e(label)}: {_pct(util)}" '
+                    f'style="background:{heat_colour(util)}">{_e(_pct(util))}</span>'
+                )
+        rows.append(f"<tr><th>{_e(node['name'])}</th><td>{''.join(cells)}</td></tr>")
+    return f'<table class="heat">{"".join(rows)}</table>'
+
+
+def queue_table(queue: Sequence[QueuedLease]) -> str:
+    if not queue:
+        return "<p>Nobody is waiting.</p>"
+    rows = "".join(
+        f"<tr><td>{q.position + 1}</td><td>{_e(q.user)}</td><td>{_e(q.profile)}</td><td>{_e(q.ask)}</td>"
+        f"<td>{duration(q.waited_seconds)}</td><td>{_e(q.lease_id)}</td></tr>"
+        for q in queue
+    )
+    return (
+        '<table class="queue"><tr><th>#</th><th>user</th><th>profile</th><th>asks for</th><th>waiting</th>'
+        f"<th>lease</th></tr>{rows}</table>"
+    )
+
+
+def idle_list(idle: Iterable[IdleDevice], window_note: str) -> str:
+    items = "".join(f'<li class="idle">{_e(idle_line(i))}</li>' for i in idle)
+    return (
+        f'<ul class="idle-list">{items}</ul>'
+        if items
+        else f"<p>No held device is idle ({_e(window_note)}).</p>"
+    )
+
+
+def summary_line(summary: Mapping[str, Any]) -> str:
+    mig = ", ".join(f"{p} ×{n}" for p, n in summary.get("mig_slices_free", {}).items()) or "none"
+    return _e(
+        f"{summary.get('nodes', 0)} nodes, {summary.get('gpus', 0)} GPUs. Free now: "
+        f"{summary.get('whole_gpus_free', 0)} whole GPUs; MIG slices {mig}; "
+        f"{summary.get('shared_milli_free', 0) / 1000:g} GPUs' worth of shares."
+    )
+
+
+def page(title: str, body: str, *, simulated: bool | None, refresh_seconds: float = 5.0) -> str:
+    """A whole page; its script swaps in a fresh ``#gpupool-dashboard`` every ``refresh_seconds``."""
+    label = '<span class="sim">simulated</span>' if simulated else ""
+    script = (
+        "<script>setInterval(async()=>{try{const r=await fetch(location.href,{credentials:'same-origin'});"
+        "if(!r.ok)return;const d=new DOMParser().parseFromString(await r.text(),'text/html');"
+        "const n=d.getElementById('gpupool-dashboard');if(n)document.getElementById('gpupool-dashboard')"
+        f".replaceWith(n);}}catch(e){{}}}},{int(refresh_seconds * 1000)});</script>"
+    )
+    return (
+        f'<!doctype html><html><head><meta charset="utf-8"><title>{_e(title)}</title><style>{_CSS}</style>'
+        f'</head><body><h1>{_e(title)} {label}</h1><div id="gpupool-dashboard">{body}</div>{script}'
+        "</body></html>"
+    )
+
+
+def section(title: str, content: str, css_id: str) -> str:
+    return f'<section id="{css_id}"><h2>{_e(title)}</h2>{content}</section>'
+
+
+def usage_table(rows: Sequence[tuple[str, float, float, float]]) -> str:
+    """Per profile: GPU-hours held, used, and the share used."""
+    if not rows:
+        return "<p>No usage recorded yet.</p>"
+    body = "".join(
+        f"<tr><td>{_e(p)}</td><td>{held / 3600:.2f}</td><td>{used / 3600:.2f}</td>"
+        f"<td>{_pct(100 * used / held if held else None)}</td></tr>"
+        for p, held, used, _unknown in rows
+    )
+    return (
+        '<table class="usage"><tr><th>profile</th><th>GPU-h held</th><th>GPU-h used</th><th>used</th></tr>'
+        f"{body}</table>"
+    )
+
+
+_CSS = (
+    "body{font-family:system-ui,sans-serif;margin:1em 2em;color:#222}h1 .sim,.sim{background:#fd7;"
+    "font-size:60%;padding:2px 8px;border-radius:4px;vertical-align:middle}"
+    "ul.tree,ul.tree ul{list-style:none;padding-left:1.2em}.node{margin:.4em 0}"
+    ".dev{margin:2px 0}.sq{display:inline-block;width:12px;height:12px;margin-right:6px;border:1px solid #999;"
+    "vertical-align:middle}.m{color:#667;font-size:90%}.who{color:#225}.held .who{font-weight:bold}"
+    ".bad{color:#b00;font-weight:bold}table{border-collapse:collapse}td,th{padding:2px 8px;text-align:left}"
+    ".heat .hm{display:inline-block;min-width:3.2em;text-align:center;margin:1px;padding:4px 2px;"
+    "font-size:80%;border-radius:3px}.idle{color:#a40}section{margin-bottom:1.2em}"
+)

@@ -1,0 +1,254 @@
+"""What the idle culler asks the service: a server's GPU activity and its profile's limits, and cull warnings.
+
+The culler's hook (:mod:`gpupool.spawner.hub.cull`) runs in another process and sees only the hub's server
+model, so the service answers what only it knows:
+
+- ``GET {prefix}api/v1/activity/leases/{id}`` and ``GET {prefix}api/v1/activity/users/{user}?server=NAME``:
+  the lease, its profile's ``idle_timeout``, ``gpu_idle_timeout`` and ``max_lifetime`` (the service's
+  profiles file is the one source of them), and its devices' activity from the telemetry history: ``busy``,
+  ``idle`` with the seconds since every device was last above ``GPUPOOL_GPU_IDLE_THRESHOLD`` percent
+  (default 10), ``unknown`` when some device has no fresh utilisation (never to be taken for idle), or
+  ``none`` for a lease without devices.
+- ``POST {prefix}api/v1/warnings``: the hook records "this server will be culled at T because …" before it
+  culls; ``GET {prefix}api/v1/warnings`` lists the pending ones (for ``GpuMonitor`` and the hub's pages);
+  ``DELETE {prefix}api/v1/warnings/{user}?server=NAME`` withdraws one when the server is active again.
+
+Warnings live in memory: a restarted service forgets them, so the hook warns again and the cull comes one
+warning period later, the safe direction. A warning whose lease has been released is dropped when read.
+
+Who may do what: reading activity and warnings needs a token allowed to see the lease's user (users their
+own, ``custom:gpupool:admin`` and ``custom:gpupool:leases`` everyone's); recording and withdrawing warnings
+needs ``custom:gpupool:admin`` or ``custom:gpupool:leases`` (the culler's role).
+"""
+
+# No ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, status
+from pydantic import BaseModel, Field
+
+from ..pool.profiles import Profile
+from ..telemetry.activity import DEFAULT_THRESHOLD_PERCENT, ActivityTracker
+from .auth import Authenticator, Caller
+from .leases import LeaseManager
+from .store import Lease, LeaseNotFound, LeaseState
+from .telemetry_loop import Telemetry
+
+SERVICE_PREFIX = "/services/gpupool/"
+THRESHOLD_ENV = "GPUPOOL_GPU_IDLE_THRESHOLD"
+
+
+def gpu_idle_threshold(env: Mapping[str, str]) -> float:
+    """``GPUPOOL_GPU_IDLE_THRESHOLD``: the utilisation percent at or below which a GPU counts as idle
+    (default 10). A bad value stops the service at start-up."""
+    raw = env.get(THRESHOLD_ENV) or str(DEFAULT_THRESHOLD_PERCENT)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SystemExit(f"{THRESHOLD_ENV} must be a percent, got {raw!r}") from None
+    if not (math.isfinite(value) and 0 <= value < 100):
+        raise SystemExit(f"{THRESHOLD_ENV} must be from 0 to under 100 (percent), got {raw!r}")
+    return value
+
+
+class WarningIn(BaseModel):
+    """``POST warnings``: the culler says it will stop a server, when and why."""
+
+    user: str = Field(min_length=1)
+    server: str = Field("", description="the server's name; empty for the default server")
+    lease_id: str | None = Field(None, description="the server's lease; the warning ends with it")
+    cull_at: float = Field(description="when the server will be stopped at the earliest (epoch seconds)")
+    reason: str = Field(min_length=1, description="why, in words a user reads")
+
+
+@dataclass(frozen=True)
+class CullWarning:
+    user: str
+    server: str
+    lease_id: str | None
+    cull_at: float
+    reason: str
+    warned_at: float
+
+
+class Warnings:
+    """Pending cull warnings by (user, server); one per server, the newest wins."""
+
+    def __init__(self, manager: LeaseManager, *, keep_after_cull: float = 600.0) -> None:
+        self.manager = manager
+        self.keep_after_cull = keep_after_cull
+        self._warnings: dict[tuple[str, str], CullWarning] = {}
+
+    def put(self, warning: CullWarning) -> None:
+        self._warnings[(warning.user, warning.server)] = warning
+
+    def get(self, user: str, server: str) -> CullWarning | None:
+        return self._warnings.get((user, server))
+
+    def withdraw(self, user: str, server: str) -> bool:
+        return self._warnings.pop((user, server), None) is not None
+
+    def pending(self, now: float, user: str | None = None) -> list[CullWarning]:
+        """The warnings still in force (their lease active, or none named and not long past), oldest first."""
+        for key, warning in list(self._warnings.items()):
+            if self._ended(warning, now):
+                del self._warnings[key]
+        found = [w for w in self._warnings.values() if user is None or w.user == user]
+        return sorted(found, key=lambda w: w.warned_at)
+
+    def _ended(self, warning: CullWarning, now: float) -> bool:
+        if warning.lease_id is None:
+            return now > warning.cull_at + self.keep_after_cull
+        try:
+            return self.manager.get(warning.lease_id).state is LeaseState.RELEASED
+        except LeaseNotFound:
+            return True
+
+
+def idle_router(
+    manager: LeaseManager,
+    telemetry: Telemetry,
+    auth: Authenticator,
+    profiles: Sequence[Profile],
+    *,
+    prefix: str = SERVICE_PREFIX,
+    threshold: float = DEFAULT_THRESHOLD_PERCENT,
+    clock: Callable[[], float] = time.time,
+) -> APIRouter:
+    """The routes, to ``app.include_router`` next to the telemetry router (same ``prefix``).
+
+    Its lifespan folds the telemetry history into the activity tracker every few seconds, so a GPU's idle time
+    can outgrow the history's window (a 30-minute ``gpu_idle_timeout`` against a 10-minute window).
+    """
+    base = "/" + prefix.strip("/") + "/api/v1"
+    tracker = ActivityTracker(threshold)
+    warnings = Warnings(manager)
+    by_slug = {p.slug: p for p in profiles}
+    fold_every = min(30.0, telemetry.history.window_seconds / 4)
+
+    @contextlib.asynccontextmanager
+    async def folding(_app: FastAPI) -> AsyncIterator[None]:
+        async def loop() -> None:
+            while True:
+                tracker.fold(telemetry.history)
+                await asyncio.sleep(fold_every)
+
+        task = asyncio.create_task(loop(), name="gpupool-activity")
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    router = APIRouter(prefix=base, lifespan=folding)
+    CallerDep = Annotated[Caller, Depends(auth)]
+
+    def activity_of(lease: Lease) -> dict[str, Any]:
+        tracker.fold(telemetry.history)
+        now = clock()
+        # a reading older than a few sampling periods means the sampler stopped: unknown, not idle
+        stale_after = max(15.0, 5 * telemetry.interval) if telemetry.interval > 0 else -1.0
+        since = lease.granted_at if lease.granted_at is not None else lease.created_at
+        gpu = tracker.activity([g.uuid for g in lease.devices], since=since, now=now, stale_after=stale_after)
+        profile = by_slug.get(lease.profile)
+        return {
+            "lease_id": lease.id,
+            "state": lease.state.value,
+            "user": lease.user,
+            "owner_kind": lease.owner_kind,
+            "owner_name": lease.owner_name,
+            "profile": lease.profile,
+            "granted_at": lease.granted_at,
+            "devices": [g.uuid for g in lease.devices],
+            "limits": {
+                "idle_timeout": profile.idle_timeout if profile else None,
+                "gpu_idle_timeout": profile.gpu_idle_timeout if profile else None,
+                "max_lifetime": profile.max_lifetime if profile else None,
+            },
+            "gpu": {
+                "state": gpu.state.value,
+                "idle_seconds": gpu.idle_seconds,
+                "last_busy_at": gpu.last_busy_at,
+                "threshold_percent": tracker.threshold,
+                "simulated": telemetry.simulated,
+            },
+            "time": now,
+        }
+
+    def may_see(caller: Caller, user: str, what: str) -> None:
+        if not caller.may_see(user):
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"{what} of {user} are theirs and admins' to read, not {caller.name}'s",
+            )
+
+    def must_manage(caller: Caller) -> None:
+        if not (caller.is_admin or caller.acts_for_others):
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"{caller.kind} {caller.name} may not record cull warnings: they need custom:gpupool:admin "
+                "or custom:gpupool:leases",
+            )
+
+    @router.get("/activity/leases/{lease_id}", summary="A lease's GPU activity and its profile's limits")
+    async def lease_activity(lease_id: str, caller: CallerDep) -> dict[str, Any]:
+        lease = manager.get(lease_id)
+        may_see(caller, lease.user, "leases")
+        return activity_of(lease)
+
+    @router.get(
+        "/activity/users/{user}", summary="The GPU activity of a user's server (its active lease) and limits"
+    )
+    async def server_activity(
+        user: str,
+        caller: CallerDep,
+        server: Annotated[str, Query(description="the server's name; empty for the default")] = "",
+    ) -> dict[str, Any]:
+        may_see(caller, user, "servers")
+        leases = [
+            lease
+            for lease in manager.leases_for(user, active_only=True)
+            if lease.owner_kind == "server" and lease.owner_name == server
+        ]
+        if not leases:
+            raise HTTPException(
+                status.HTTP_404_NOT_FOUND, f"{user}'s server {server!r} holds no active lease"
+            )
+        return activity_of(leases[-1])
+
+    @router.post("/warnings", status_code=status.HTTP_201_CREATED, summary="Record a cull warning")
+    async def post_warning(body: WarningIn, caller: CallerDep) -> dict[str, Any]:
+        must_manage(caller)
+        # a new reason for the same lease keeps the time of the first warning: the user has known since then
+        before = warnings.get(body.user, body.server)
+        warned_at = before.warned_at if before is not None and before.lease_id == body.lease_id else clock()
+        warning = CullWarning(body.user, body.server, body.lease_id, body.cull_at, body.reason, warned_at)
+        warnings.put(warning)
+        return asdict(warning)
+
+    @router.get("/warnings", summary="Pending cull warnings: the caller's own, or a user's, or all (admins)")
+    async def get_warnings(
+        caller: CallerDep,
+        user: Annotated[str | None, Query(description="whose; default the caller's own")] = None,
+    ) -> list[dict[str, Any]]:
+        everyone = caller.is_admin or caller.acts_for_others
+        if user is not None:
+            may_see(caller, user, "warnings")
+        elif not everyone:
+            user = caller.name
+        return [asdict(w) for w in warnings.pending(clock(), user)]
+
+    @router.delete(
+        "/warnings/{user}", status_code=status.HTTP_204_NO_CONTENT, summary="Withdraw a server's cull warning"
+    )
+    async def delete_warning(user: str, caller: CallerDep, server: Annotated[str, Query()] = "") -> None:
+        must_manage(caller)
+        warnings.withdraw(user, server)
+
+    return router

@@ -1,0 +1,179 @@
+"""The pages at ``/services/gpupool/``: the admin dashboard, a user's own page, and the idle finder behind them.
+
+Pure parts (:func:`held_idle`, the HTML builders) are tested on plain records; the pages over the real app
+(lease API, telemetry router and dashboard router) with the stand-in hub of ``test_telemetry_api``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from test_telemetry_api import Client, Service, _Hub
+
+from gpupool.spawner.service.dashboard import HeldDevice, dashboard_router, held_idle
+from gpupool.spawner.service.dashboard_page import IdleDevice, duration, heat_colour, idle_line, pool_tree
+from gpupool.spawner.telemetry.aggregates import Holder, MinuteAggregate
+from gpupool.spawner.telemetry.samples import Sample
+
+HELD = HeldDevice("GPU-5", "H100-80GB #5 (dgx)", "alice", "L1", granted_at=0.0)
+
+
+class _History:
+    def __init__(self, utilizations: dict[float, float | None]) -> None:
+        self.samples = [
+            Sample("GPU-5", "dgx", 5, None, t, gpu_utilization=u) for t, u in sorted(utilizations.items())
+        ]
+
+    def recent(self, uuid: str, since: float | None = None) -> list[Sample]:
+        return [s for s in self.samples if uuid == s.uuid and (since is None or s.time > since)]
+
+
+def _minute(start: float, used: float = 0.0, utilization_max: float | None = 1.0) -> MinuteAggregate:
+    holder = Holder("alice", "h100", "L1")
+    return MinuteAggregate(
+        "GPU-5",
+        "dgx",
+        5,
+        None,
+        start,
+        holder,
+        30,
+        60.0,
+        60.0,
+        used,
+        0.0,
+        utilization_max,
+        utilization_max,
+        0,
+        0,
+    )
+
+
+def test_a_held_gpu_below_the_threshold_since_some_time_is_idle_for_that_long() -> None:
+    history = _History({3000 + 10 * i: (80.0 if i < 3 else 2.0) for i in range(30)})
+    (idle,) = held_idle([HELD], history, [], threshold=5, min_seconds=60)
+    assert idle.seconds == 290 - 30 and idle.peak == 2.0 and idle.user == "alice"
+
+
+def test_a_gpu_busy_now_or_that_cannot_say_is_never_idle() -> None:
+    busy_now = _History({3000 + 10 * i: (0.0 if i < 29 else 50.0) for i in range(30)})
+    unknown = _History({3000 + 10 * i: (0.0 if i < 29 else None) for i in range(30)})
+    assert held_idle([HELD], busy_now, []) == [] and held_idle([HELD], unknown, []) == []
+
+
+def test_idleness_extends_back_through_idle_minutes_of_the_same_lease_until_a_busy_one_or_a_hole() -> None:
+    history = _History({3600 + 10 * i: 0.0 for i in range(6)})  # the whole buffer idle, from 3600
+    minutes = [_minute(3540), _minute(3480), _minute(3420, used=30, utilization_max=90), _minute(3360)]
+    (idle,) = held_idle([HELD], history, minutes, min_seconds=0)
+    assert idle.seconds == 3650 - 3480
+    holed = [_minute(3540), _minute(3300)]  # nothing between 3360 and 3540: unknown, so it stops there
+    (idle,) = held_idle([HELD], history, holed, min_seconds=0)
+    assert idle.seconds == 3650 - 3540
+
+
+def test_idleness_never_counts_from_before_the_lease_was_granted() -> None:
+    history = _History({3000 + 10 * i: 0.0 for i in range(30)})
+    (idle,) = held_idle([HeldDevice("GPU-5", "x", "bob", "L2", granted_at=3100)], history, [], min_seconds=0)
+    assert idle.seconds == 3290 - 3100  # from the grant on: earlier samples belong to whoever held it before
+
+
+def test_the_idle_line_reads_like_a_sentence() -> None:
+    assert (
+        idle_line(IdleDevice("GPU-5", "H100 #5", "alice", "L1", 3 * 3600 + 59, 0.0))
+        == "3 h at 0% on H100 #5, alice"
+    )
+    assert idle_line(IdleDevice("GPU-5", "H100 #5", "bob", "L1", 90, 3.2)) == "1 min at ≤3% on H100 #5, bob"
+    assert [duration(s) for s in (5, 600, 3600 * 26)] == ["5 s", "10 min", "1 d 2 h"]
+
+
+def test_the_heat_map_colour_runs_from_cool_to_hot_and_grey_when_not_available() -> None:
+    assert heat_colour(None) == "#c8c8c8"
+    assert heat_colour(0) == "hsl(210, 75%, 88%)" and heat_colour(100) == "hsl(0, 75%, 50%)"
+    assert heat_colour(250) == heat_colour(100)
+
+
+@pytest.fixture(scope="module")
+def hub_api() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hub/api"
+    server.shutdown()
+    server.server_close()
+
+
+def _service(tmp: Path, hub_api: str) -> Service:
+    service = Service(tmp, hub_api)
+    service.app.include_router(
+        dashboard_router(
+            service.manager,
+            service.telemetry,
+            service.auth,
+            backend="simulated",
+            source="demo",
+            idle_after=60,
+        )
+    )
+    start = time.time() + 1  # after every grant
+    for i in range(13):  # two minutes of samples; nobody runs anything, so every held device is idle
+        service.telemetry.record(service.telemetry.sampler.sample(start + 10 * i))
+    return service
+
+
+def test_the_admin_dashboard_shows_the_pool_tree_heat_map_queue_and_idle_devices(
+    tmp_path: Path, hub_api: str
+) -> None:
+    service = _service(tmp_path, hub_api)
+    with Client(service.app) as client:
+        response = client.get("", "admin-token")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    page = response.text
+    assert "simulated" in page and "dgx-h100-01" in page and "MIG 3g.40gb" in page
+    bob_gpu = service.bob.devices[0].uuid
+    assert re.search(rf'data-uuid="{bob_gpu}" title="[^"]*: 0%"', page)  # the heat map has its latest reading
+    queue = page[page.index('id="queue"') : page.index('id="pool"')]
+    assert "carol" in queue and service.carol[1].id in queue
+    idle = page[page.index('id="idle"') : page.index('id="queue"')]
+    assert re.search(r"2 min at 0% on H100-80GB #\d \(dgx-h100-01\), bob", idle), idle
+    assert "alice" in idle  # her MIG slice is idle too
+
+
+def test_a_user_sees_only_their_own_page_and_a_token_is_needed(tmp_path: Path, hub_api: str) -> None:
+    service = _service(tmp_path, hub_api)
+    with Client(service.app) as client:
+        mine = client.get("?token=alice-token", None)
+        assert client.get("", None).status_code == 401
+        assert client.get("?token=nobody", None).status_code == 403
+    assert mine.status_code == 200
+    assert "gpupool — alice" in mine.text and service.alice.devices[0].uuid in mine.text
+    assert service.bob.devices[0].uuid not in mine.text and "carol" not in mine.text
+    assert 'id="queue"' not in mine.text
+
+
+def test_the_pool_tree_names_holders_health_and_never_calls_a_mig_gpu_free() -> None:
+    slice_ = {"uuid": "MIG-1", "profile": "3g.40gb", "start": 0, "free": False, "holders": ["L1"]}
+    gpus = [
+        {
+            "index": 0,
+            "uuid": "GPU-0",
+            "product": "H100",
+            "mode": "mig",
+            "health": "healthy",
+            "free_milli": None,
+        }
+        | {"holders": [], "mig": [slice_]},
+        {"index": 1, "uuid": "GPU-1", "product": "H100", "mode": "whole", "health": "unhealthy"}
+        | {"free_milli": 1000, "holders": [], "mig": []},
+    ]
+    node = {"name": "dgx", "health": "healthy", "cpu_milli": 8000, "cpu_free_milli": 4000, "gpus": gpus}
+    tree = pool_tree({"nodes": [node]}, {"L1": "alice"}, {"MIG-1": {"gpu_utilization": 40.0}})
+    parent, slice_line, broken = re.findall(r'<div class="dev[^"]*"[^>]*>(.*?)</div>', tree)
+    assert "split into MIG slices" in parent and "free" not in parent
+    assert "alice" in slice_line and "util 40%" in slice_line and heat_colour(40.0) in slice_line
+    assert "unhealthy" in broken and "util N/A" in broken

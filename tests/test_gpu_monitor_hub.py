@@ -1,0 +1,182 @@
+"""``GpuMonitor`` and the dashboard against a real hub, proxy and gpupool service on the simulated demo pool.
+
+One hub for the module, with the GPU spawner and telemetry sampled every half second. A real kernel (nbclient)
+runs ``GpuMonitor`` with what a spawned server's environment gives it (the service's URL, a token acting as
+the user, ``GPUPOOL_LEASE_ID``, and ``CUDA_VISIBLE_DEVICES``, by which the simulated sampler sees the
+kernel's CPU use as the GPU's); headless Chromium loads the admin dashboard through the proxy and a
+JupyterLab that runs ``GpuMonitor`` on a spawned ``h100`` server. Screenshots go to ``test-artifacts/``
+(``dashboard.png``, ``gpu-monitor.png``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import nbformat
+import pytest
+from browser_harness import artifacts, chromium, screenshot_on_failure
+from hub_harness import GPU_SPAWNER, SERVICE, RunningHub, free_ports, write_hub_config
+from nbclient import NotebookClient
+from playwright.sync_api import expect
+from test_job_panel_browser import KERNEL_IDLE, LAB_TIMEOUT_MS, SERVER_ROLE
+from up_harness import require_proxy
+
+from gpupool.spawner.backends.simulated import DEMO_POOL
+
+ADMIN_TOKEN = "test-admin-token-monitor-0123456789abcdef"
+HUB_CLIENT_TOKEN = "test-hub-client-token-monitor-0123456789ab"
+ADMIN_SCOPES = (
+    "admin:users",
+    "admin:servers",
+    "tokens",
+    "custom:gpupool:admin",
+    f"access:services!service={SERVICE}",
+)
+USER = "mona"
+VALUE = r'<th>{}</th><td class="gpupool-value">{}</td>'
+# the cell waits (not sleeps) for the background thread to show a utilisation and a power reading
+WAIT_CELL = """\
+import re, time
+from gpupool.widgets import GpuMonitor
+monitor = GpuMonitor(refresh=0.5)
+deadline = time.monotonic() + 60
+shown = lambda: re.search(r'Utilisation</th><td class="gpupool-value">\\d+%', monitor.view.value) and \\
+    re.search(r'Power</th><td class="gpupool-value">\\d+ W', monitor.view.value)
+while not shown() and time.monotonic() < deadline:
+    time.sleep(0.1)
+print(monitor.view.value)
+monitor
+"""
+LAB_CELL = "from gpupool.widgets import GpuMonitor\nGpuMonitor(refresh=1)"
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningHub]:
+    require_proxy()
+    tmp = tmp_path_factory.mktemp("monitor-hub")
+    ports = free_ports()
+    service_env = {
+        "GPUPOOL_POOL": str(DEMO_POOL),
+        "GPUPOOL_DB_URL": f"sqlite:///{tmp}/gpupool.sqlite",
+        "GPUPOOL_SAMPLE_SECONDS": "0.5",
+    }
+    write_hub_config(
+        tmp,
+        ports,
+        admin_token=ADMIN_TOKEN,
+        admin_scopes=ADMIN_SCOPES,
+        pool_file=DEMO_POOL,
+        service_env=service_env,
+        hub_client_token=HUB_CLIENT_TOKEN,
+        spawner_class=GPU_SPAWNER,
+        spawn_timeout=120,
+        extra_config=[f"c.JupyterHub.load_roles.append({SERVER_ROLE!r})"],
+    )
+    with RunningHub(tmp, ports, ADMIN_TOKEN, service_env=service_env, fail=pytest.fail) as running:
+        running.create_user(USER)
+        running.token_for(USER)
+        yield running
+
+
+def lease_for(hub: RunningHub, user: str, profile: str, name: str) -> dict[str, Any]:
+    with hub.as_user(user) as client:
+        answer = client.post("/leases", json={"profile": profile, "owner_kind": "server", "owner_name": name})
+    assert answer.status_code == 201, answer.text
+    lease: dict[str, Any] = answer.json()
+    assert lease["state"] == "granted", lease
+    return lease
+
+
+def test_a_notebook_shows_gpu_monitor_with_live_values_for_its_leased_gpu(
+    hub: RunningHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lease = lease_for(hub, USER, "h100", "monitor")
+    (device,) = lease["devices"]
+    monkeypatch.setenv("GPUPOOL_SERVICE_URL", f"{hub.url}/services/{SERVICE}/")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.tokens[USER])
+    monkeypatch.setenv("GPUPOOL_LEASE_ID", lease["id"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", device["uuid"])
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(WAIT_CELL)])
+    NotebookClient(notebook, timeout=120, kernel_name="python3").execute()
+    outputs = notebook.cells[0].outputs
+    shown = "".join(o.get("text", "") for o in outputs if o.get("name") == "stdout")
+    assert device["uuid"] in shown and "simulated" in shown
+    assert re.search(VALUE.format("Utilisation", r"\d+%"), shown), shown
+    assert re.search(VALUE.format("Memory", r"[\d.]+ / 80\.0 GiB"), shown), shown
+    assert re.search(VALUE.format("Temperature", r"\d+ °C"), shown), shown
+    assert re.search(VALUE.format("Power", r"\d+ W / \d+ W"), shown), shown
+    assert "Pool free now:" in shown and shown.count('class="gpupool-card-title"') == 1
+    assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)
+
+
+def test_the_admin_dashboard_renders_live_values_in_chromium(hub: RunningHub) -> None:
+    lease = lease_for(hub, USER, "mig-3g", "dashboard")
+    (device,) = lease["devices"]
+    url = f"{hub.url}/services/{SERVICE}/?token={ADMIN_TOKEN}"
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 1100})
+        with screenshot_on_failure(page, "dashboard-failure.png"):
+            page.goto(url)
+            expect(page.locator("h1")).to_contain_text("simulated")
+            cell = page.locator(f'.hm[data-uuid="{device["uuid"]}"]')
+            expect(cell).to_have_text(re.compile(r"^\d+%$"), timeout=30_000)  # a sample, not "N/A"
+            expect(page.locator("#pool")).to_contain_text(f"{USER}/dashboard")
+            # the page refreshes itself: mark what is shown, and wait for a fresh copy to replace it
+            page.evaluate("document.getElementById('gpupool-dashboard').dataset.old = '1'")
+            expect(page.locator("#gpupool-dashboard:not([data-old])")).to_be_attached(timeout=30_000)
+            page.screenshot(path=str(artifacts() / "dashboard.png"), full_page=True)
+        page.close()
+    mine = httpx.get(f"{hub.url}/services/{SERVICE}/", params={"token": hub.tokens[USER]}, timeout=20)
+    assert mine.status_code == 200 and f"gpupool — {USER}" in mine.text and device["uuid"] in mine.text
+
+
+def test_gpu_monitor_renders_in_jupyterlab_on_a_spawned_h100_server(hub: RunningHub) -> None:
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        with screenshot_on_failure(page, "gpu-monitor-failure.png"):
+            page.goto(f"{hub.url}/hub/login")
+            page.fill("#username_input", USER)
+            page.fill("#password_input", "any")
+            page.click("#login_submit")
+            page.wait_for_url(re.compile(r"/hub/spawn"), timeout=30_000)
+            page.check("#gpupool-profile-h100")
+            page.click('form button[type="submit"]')
+            page.wait_for_url(re.compile(rf"/user/{USER}/lab"), timeout=LAB_TIMEOUT_MS)
+            server = hub.api("GET", f"users/{USER}").json()["servers"][""]
+            hub.pids.add(int(server["state"]["pid"]))
+            notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(LAB_CELL)])
+            notebook.metadata["kernelspec"] = {
+                "name": "python3",
+                "display_name": "Python 3",
+                "language": "python",
+            }
+            put = httpx.put(
+                f"{hub.url}/user/{USER}/api/contents/monitor.ipynb",
+                json={"type": "notebook", "format": "json", "content": notebook},
+                headers={"Authorization": f"token {hub.tokens[USER]}"},
+                timeout=30,
+            )
+            assert put.status_code in (200, 201), put.text
+            page.goto(f"{hub.url}/user/{USER}/lab/tree/monitor.ipynb")
+            cell = page.locator(".jp-Notebook .jp-CodeCell").first
+            expect(cell).to_be_visible(timeout=LAB_TIMEOUT_MS)
+            expect(page.get_by_text(KERNEL_IDLE)).to_be_visible(timeout=LAB_TIMEOUT_MS)
+            cell.locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")
+            monitor = page.locator(".gpupool-gpu-monitor")
+            error = cell.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
+            expect(monitor.or_(error)).to_be_visible(timeout=LAB_TIMEOUT_MS)
+            if error.is_visible():
+                pytest.fail(f"the cell failed:\n{error.inner_text()}")
+            expect(monitor.locator(".gpupool-card")).to_have_count(1, timeout=30_000)
+            expect(monitor).to_contain_text(re.compile(r"Utilisation\s*\d+%"), timeout=30_000)
+            expect(monitor).to_contain_text("simulated")
+            monitor.scroll_into_view_if_needed()
+            page.screenshot(path=str(artifacts() / "gpu-monitor.png"))
+            page.goto(f"{hub.url}/hub/home")
+            page.click("#stop")
+            expect(page.locator("#start")).to_be_visible(timeout=60_000)
+        page.close()

@@ -1,0 +1,202 @@
+"""Device health in-process: the XID and lost-GPU rule, faults found by telemetry, drains that survive a restart.
+
+A real SQLite store and the real lease and job managers; the job manager's loop is stepped by hand. The hub,
+the HTTP API and ``gpupool drain`` are in ``test_health_api.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import fake_pynvml
+import pytest
+from builders import gpu, node
+from job_user import clean_home, job_user
+
+from gpupool.spawner.backends.nvml_telemetry import NvmlSampler
+from gpupool.spawner.pool.devices import Health
+from gpupool.spawner.pool.jobs import JobState
+from gpupool.spawner.pool.profiles import Profile
+from gpupool.spawner.pool.requests import Request, WholeGpus
+from gpupool.spawner.service.health import DrainStore, HealthKeeper, unhealthy_reason
+from gpupool.spawner.service.job_store import JobStore
+from gpupool.spawner.service.jobs import JobManager, Submission
+from gpupool.spawner.service.leases import LeaseManager
+from gpupool.spawner.service.store import LeaseState, LeaseStore, sqlite_url
+from gpupool.spawner.service.telemetry_loop import Telemetry, make_sampler
+from gpupool.spawner.telemetry.samples import Sample, Snapshot
+from gpupool.widgets.admin_cli import parse_device
+from gpupool.widgets.client import GpupoolError
+
+H100 = frozenset({"H100-80GB"})
+ONE = Profile("h100", "One H100", 1000, 1024, WholeGpus(1, H100), max_lifetime=600)
+NODES = [node("dgx", [gpu("dgx", 0), gpu("dgx", 1)])]
+ONE_GPU = Request(1000, 1024, WholeGpus(1, H100))
+
+
+def service(tmp_path: Path) -> tuple[JobManager, HealthKeeper]:
+    """Managers and a health keeper on the SQLite file in ``tmp_path``: a second call is a restart."""
+    store = LeaseStore(sqlite_url(str(tmp_path / "gpupool.sqlite")))
+    jobs = JobManager(LeaseManager(NODES, store), JobStore(store.engine), [ONE], grace=1.0)
+    keeper = HealthKeeper(jobs, DrainStore(store.engine))
+    keeper.restore()
+    return jobs, keeper
+
+
+def sample(gpu_index: int, xids: tuple[int, ...] | None = (), problems: tuple[str, ...] = ()) -> Sample:
+    return Sample(f"GPU-dgx-{gpu_index}", "dgx", gpu_index, None, 0.0, xid_errors=xids, problems=problems)
+
+
+def until(jobs: JobManager, check: Callable[[], bool], what: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        jobs.step()
+        if check():
+            return
+        time.sleep(0.02)
+    pytest.fail(f"{what} within {timeout}s")
+
+
+def index_of(jobs: JobManager, lease_id: str | None) -> int:
+    """The index of the GPU the lease holds."""
+    uuid = jobs.leases.get(lease_id or "").devices[0].gpu_uuid
+    return next(g.index for g in NODES[0].gpus if g.uuid == uuid)
+
+
+def server_on(jobs: JobManager, user: str = "alice") -> tuple[str, int]:
+    lease = jobs.leases.request_lease(user, [], "server", user, "h100", ONE_GPU)
+    assert lease.state is LeaseState.GRANTED
+    return lease.id, index_of(jobs, lease.id)
+
+
+@pytest.fixture(scope="module")
+def user() -> Iterator[str]:
+    name = job_user()
+    yield name
+    clean_home(name)
+
+
+@pytest.mark.parametrize("code", [48, 63, 64, 74, 79, 92, 94, 95])
+def test_a_critical_xid_makes_the_gpu_unhealthy(code: int) -> None:
+    reason = unhealthy_reason(sample(0, (13, code)))
+    assert reason is not None and f"XID {code}:" in reason and "XID 13" not in reason
+
+
+@pytest.mark.parametrize("xids", [(), None, (13,), (31, 43, 45, 68)])
+def test_application_xids_and_quiet_samples_leave_the_gpu_healthy(xids: tuple[int, ...] | None) -> None:
+    assert unhealthy_reason(sample(0, xids)) is None
+    assert unhealthy_reason(sample(0, xids, problems=("temperature: Not Supported",))) is None
+
+
+def test_a_gpu_that_fell_off_the_bus_is_unhealthy() -> None:
+    lost = sample(1, None, problems=("utilization: GPU is lost", "memory: GPU is lost"))
+    assert unhealthy_reason(lost) == "the GPU fell off the bus (NVML: GPU is lost)"
+
+
+def test_a_gpu_falling_off_the_bus_under_the_nvml_sampler_is_taken_out(tmp_path: Path) -> None:
+    fakes = [fake_pynvml.h100_80gb(), fake_pynvml.h100_80gb()]
+    sampler = NvmlSampler("dgx", nvml=fake_pynvml.fake_pynvml(fakes))
+    sampler.open()
+    jobs, keeper = service(tmp_path)
+    telemetry = Telemetry(jobs.leases, sampler, interval=0)
+    telemetry.add_observer(keeper.observe)
+    telemetry.record(sampler.sample(1.0))
+    assert keeper.faults == {}
+    fakes[1].lost = True
+    telemetry.record(sampler.sample(3.0))
+    assert jobs.leases.health_of("dgx", 1) is Health.UNHEALTHY and list(keeper.faults) == [("dgx", 1)]
+    assert jobs.leases.health_of("dgx", 0) is Health.HEALTHY
+
+
+def test_a_critical_xid_seen_by_telemetry_takes_the_gpu_out_and_keeps_its_server(tmp_path: Path) -> None:
+    jobs, keeper = service(tmp_path)
+    telemetry = Telemetry(jobs.leases, make_sampler("simulated", NODES), interval=0)
+    telemetry.add_observer(keeper.observe)
+    lease_id, index = server_on(jobs)
+    telemetry.record(Snapshot(1.0, (sample(index, (79,)), sample(1 - index)), True, "simulated"))
+    assert jobs.leases.health_of("dgx", index) is Health.UNHEALTHY
+    assert jobs.leases.health_of("dgx", 1 - index) is Health.HEALTHY
+    assert jobs.leases.get(lease_id).state is LeaseState.GRANTED  # the server is told, not stopped
+    assert "XID 79" in keeper.faults[("dgx", index)].reason
+    other = jobs.leases.request_lease("bob", [], "server", "bob", "h100", ONE_GPU)
+    assert other.devices[0].gpu_uuid == f"GPU-dgx-{1 - index}"
+    third = jobs.leases.request_lease("carol", [], "server", "carol", "h100", ONE_GPU)
+    assert third.state is LeaseState.QUEUED  # the unhealthy GPU is never offered, even when it is free
+    jobs.leases.release(lease_id)
+    assert jobs.leases.get(third.id).state is LeaseState.QUEUED
+
+
+def test_a_fault_seen_by_telemetry_requeues_the_job_running_there(tmp_path: Path, user: str) -> None:
+    jobs, keeper = service(tmp_path)
+    job, _ = jobs.submit(user, [], Submission("h100", ["sleep", "30"], retries=1))
+    until(jobs, lambda: jobs.get(job.id).pid is not None, "the job to start")
+    index = index_of(jobs, job.lease_id)
+    keeper.observe(Snapshot(1.0, (sample(index, None, problems=("power: GPU is lost",)),), True, "simulated"))
+    keeper.observe(Snapshot(3.0, (sample(index, None, problems=("power: GPU is lost",)),), True, "simulated"))
+    until(jobs, lambda: jobs.get(job.id).state is not JobState.RUNNING, "the job to be stopped")
+    until(jobs, lambda: jobs.get(job.id).state is JobState.RUNNING, "the job to run again")
+    again = jobs.get(job.id)
+    assert [t.state for t in again.history] == [
+        JobState.QUEUED,
+        JobState.RUNNING,
+        JobState.REQUEUED,
+        JobState.RUNNING,
+    ]
+    assert (
+        f"GPU {index} of node dgx was marked unhealthy (the GPU fell off the bus" in again.history[2].reason
+    )
+    assert index_of(jobs, again.lease_id) == 1 - index
+    jobs.cancel(job.id, "the test")
+    until(jobs, lambda: jobs.get(job.id).state.finished, "the job to end")
+
+
+def test_a_drain_survives_a_restart_and_undrain_admits_queued_work(tmp_path: Path) -> None:
+    jobs, keeper = service(tmp_path)
+    lease_id, index = server_on(jobs)
+    stopped, servers = keeper.drain("dgx", index, "user admin")
+    assert stopped == [] and servers == [lease_id]  # servers keep running
+    jobs, keeper = service(tmp_path)  # the service restarts
+    assert jobs.leases.health_of("dgx", index) is Health.DRAINED
+    assert jobs.leases.get(lease_id).state is LeaseState.GRANTED
+    jobs.leases.release(lease_id)
+    first = jobs.leases.request_lease("bob", [], "server", "bob", "h100", ONE_GPU)
+    queued = jobs.leases.request_lease("carol", [], "server", "carol", "h100", ONE_GPU)
+    assert first.devices[0].gpu_uuid == f"GPU-dgx-{1 - index}" and queued.state is LeaseState.QUEUED
+    assert keeper.undrain("dgx", index) is Health.HEALTHY
+    assert jobs.leases.get(queued.id).devices[0].gpu_uuid == f"GPU-dgx-{index}"
+    assert keeper.drains.all() == []
+    jobs, keeper = service(tmp_path)
+    assert jobs.leases.health_of("dgx", index) is Health.HEALTHY
+
+
+def test_undraining_a_gpu_that_failed_meanwhile_leaves_it_unhealthy(tmp_path: Path) -> None:
+    jobs, keeper = service(tmp_path)
+    keeper.drain("dgx", 0, "user admin")
+    keeper.observe(Snapshot(1.0, (sample(0, (48,)),), True, "simulated"))
+    assert keeper.undrain("dgx", 0) is Health.UNHEALTHY
+    assert jobs.leases.pool.node("dgx").gpu_health[0] is Health.UNHEALTHY
+
+
+def test_draining_an_unknown_node_or_gpu_names_it_and_stores_nothing(tmp_path: Path) -> None:
+    _, keeper = service(tmp_path)
+    with pytest.raises(KeyError, match="nope"):
+        keeper.drain("nope", None, "user admin")
+    with pytest.raises(KeyError, match="no GPU 7"):
+        keeper.drain("dgx", 7, "user admin")
+    assert keeper.drains.all() == []
+
+
+@pytest.mark.parametrize(
+    ("text", "body"),
+    [("dgx-h100-01", {"node": "dgx-h100-01"}), ("dgx-h100-01/3", {"node": "dgx-h100-01", "gpu_index": 3})],
+)
+def test_node_slash_gpu_is_read_as_a_node_and_a_gpu_index(text: str, body: dict[str, object]) -> None:
+    assert parse_device(text) == body
+
+
+@pytest.mark.parametrize("text", ["", "/3", "dgx/", "dgx/x"])
+def test_a_malformed_node_slash_gpu_is_refused(text: str) -> None:
+    with pytest.raises(GpupoolError, match="NODE"):
+        parse_device(text)

@@ -1,0 +1,162 @@
+"""Drain and undrain end to end: a real JupyterHub and proxy, the gpupool service as its managed service (as
+root, so jobs run as the system account from ``job_user``), real job processes, and ``gpupool drain`` run as
+a command.
+
+The pool is one node with two H100s, so where a job lands says everything: drained, the GPU's job moves to
+the other one and the next job waits; undrained, the waiting job gets it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hub_harness import RunningHub, free_ports, write_hub_config
+from job_user import clean_home, job_user
+
+ADMIN_TOKEN = "test-admin-token-health-0123456789abcd"
+HUB_CLIENT_TOKEN = "test-hub-client-token-health-012345678"
+NODE = "h100-01"
+POOL = f"""
+nodes:
+  - name: {NODE}
+    cpu: 64
+    memory: 512GiB
+    gpus:
+      product: H100-80GB
+      count: 2
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningHub]:
+    tmp = tmp_path_factory.mktemp("health-hub")
+    pool = tmp / "pool.yaml"
+    pool.write_text(POOL)
+    ports = free_ports()
+    user = job_user()
+    service_env = {
+        "GPUPOOL_POOL": str(pool),
+        "GPUPOOL_DB_URL": f"sqlite:///{tmp}/gpupool.sqlite",
+        "GPUPOOL_JOB_GRACE_SECONDS": "1.5",
+    }
+    write_hub_config(
+        tmp,
+        ports,
+        admin_token=ADMIN_TOKEN,
+        pool_file=pool,
+        hub_client_token=HUB_CLIENT_TOKEN,
+        service_env=service_env,
+    )
+    with RunningHub(tmp, ports, ADMIN_TOKEN, service_env=service_env, fail=pytest.fail) as hub:
+        hub.create_user(user)
+        hub.token_for(user)
+        hub.tokens["me"] = hub.tokens[user]
+        yield hub
+    clean_home(user)
+
+
+def until(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"{what} within {timeout}s")
+
+
+def gpupool(hub: RunningHub, who: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    connection = ["--url", f"{hub.url}/services/gpupool/", "--token", hub.tokens[who]]
+    return subprocess.run(
+        [sys.executable, "-m", "gpupool.spawner.cli", *argv, *connection],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def submit(me: httpx.Client) -> dict[str, Any]:
+    response = me.post("/jobs", json={"command": ["sleep", "60"], "profile": "h100", "retries": 2})
+    assert response.status_code == 201, response.text
+    job: dict[str, Any] = response.json()
+    return job
+
+
+def job(me: httpx.Client, job_id: str) -> dict[str, Any]:
+    found: dict[str, Any] = me.get(f"/jobs/{job_id}").json()
+    return found
+
+
+def gpu_index(me: httpx.Client, uuid: str) -> int:
+    gpus = me.get("/pool").json()["nodes"][0]["gpus"]
+    index: int = next(g["index"] for g in gpus if g["uuid"] == uuid)
+    return index
+
+
+def health(me: httpx.Client, index: int) -> str:
+    state: str = me.get("/pool").json()["nodes"][0]["gpus"][index]["health"]
+    return state
+
+
+def running_on(me: httpx.Client, job_id: str) -> int | None:
+    found = job(me, job_id)
+    if found["state"] != "running" or not found["devices"]:
+        return None
+    return gpu_index(me, found["devices"][0]["uuid"])
+
+
+def test_an_admin_drains_a_gpu_its_job_moves_new_work_waits_and_undrain_brings_it_back(
+    hub: RunningHub, tmp_path: Path
+) -> None:
+    with hub.as_user("me") as me, hub.as_user("admin") as admin:
+        first = submit(me)
+        until(lambda: running_on(me, first["id"]) is not None, "the first job to run")
+        drained = running_on(me, first["id"])
+        assert drained is not None
+        other = 1 - drained
+
+        refused = gpupool(hub, "me", "drain", f"{NODE}/{drained}")  # a user's token may not
+        assert refused.returncode == 1 and "custom:gpupool:admin" in refused.stderr, refused.stderr
+        assert me.post("/admin/undrain", json={"node": NODE}).status_code == 403
+        assert me.get("/admin/health").status_code == 403
+
+        out = gpupool(hub, "admin", "drain", f"{NODE}/{drained}")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith(f"{NODE}/{drained}\tdrained\tjobs requeued: {first['id']}"), out.stdout
+        assert health(me, drained) == "drained"
+
+        until(lambda: running_on(me, first["id"]) == other, "the requeued job to run on the other GPU")
+        history = job(me, first["id"])["history"]
+        assert [t["state"] for t in history] == ["queued", "running", "requeued", "running"]
+        assert f"GPU {drained} of node {NODE} was drained by service test-admin" in history[2]["reason"]
+
+        second = submit(me)  # the drained GPU is free, yet nothing new is placed on it
+        assert job(me, second["id"])["state"] == "queued" and job(me, second["id"])["position"] == 0
+        marks = admin.get("/admin/health").json()
+        assert marks == [
+            {
+                "node": NODE,
+                "gpu_index": drained,
+                "health": "drained",
+                "reasons": {"drained": "drained by service test-admin"},
+                "leases": [],
+            }
+        ]
+
+        unknown = gpupool(hub, "admin", "drain", "no-such-node/0")
+        assert unknown.returncode == 1 and "node: no such node" in unknown.stderr, unknown.stderr
+        bad_gpu = admin.post("/admin/drain", json={"node": NODE, "gpu_index": 9})
+        assert bad_gpu.status_code == 400 and bad_gpu.json()["fields"] == ["gpu_index"], bad_gpu.text
+
+        back = gpupool(hub, "admin", "undrain", f"{NODE}/{drained}")
+        assert back.returncode == 0 and back.stdout == f"{NODE}/{drained}\thealthy\n", back.stderr
+        until(lambda: running_on(me, second["id"]) == drained, "the waiting job to run on the undrained GPU")
+        assert health(me, drained) == "healthy" and admin.get("/admin/health").json() == []
+        for started in (first, second):
+            assert me.delete(f"/jobs/{started['id']}").json()["state"] == "cancelled"

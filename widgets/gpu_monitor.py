@@ -1,0 +1,308 @@
+"""``GpuMonitor()``: live cards for the devices of this server's lease, refreshed without blocking the kernel.
+
+A server that gpupool spawned has ``GPUPOOL_LEASE_ID`` in its environment; the monitor reads that lease's
+devices (whole GPUs, MIG slices, GPU shares), then every ``refresh`` seconds the service's recent samples of
+them (``GET telemetry``, only the new ones), what the pool has free (``GET pool``) and any pending idle
+warning (:func:`fetch_warnings`). Each card shows utilisation, memory, temperature and power, each with a
+sparkline of the last ten minutes; a metric the device cannot report reads "N/A", never 0. Numbers from the
+simulated backend are labelled "simulated".
+
+What the monitor shows is built by plain functions (:func:`sparkline_svg`, :func:`device_card`,
+:func:`pool_free_line`, :func:`monitor_html`), tested without a kernel or a browser; the widget only holds
+their output.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import ipywidgets as w  # type: ignore[import-untyped]
+
+from .client import Connection, GpupoolError
+
+WINDOW_SECONDS = 600.0  # the sparklines' span
+MAX_POINTS = 600  # samples kept per device (10 minutes at 1 s)
+_MIB_PER_GIB = 1024
+NA = "N/A"
+
+
+def _percent(value: float) -> str:
+    return f"{value:.0f}%"
+
+
+def _celsius(value: float) -> str:
+    return f"{value:.0f} °C"
+
+
+def _watts(value: float) -> str:
+    return f"{value:.0f} W"
+
+
+def sparkline_svg(
+    points: Sequence[tuple[float, float | None]],
+    *,
+    now: float,
+    window: float = WINDOW_SECONDS,
+    top: float | None = None,
+    width: int = 160,
+    height: int = 28,
+) -> str:
+    """An inline SVG line of ``(time, value)`` over the ``window`` seconds before ``now``; a value of None
+    (not available) breaks the line rather than drawing a 0. ``top`` fixes the scale (100 for percentages);
+    None scales to the largest value. No points with values: an empty frame."""
+    start = now - window
+    shown = [(t, v) for t, v in points if t >= start]
+    values = [v for _, v in shown if v is not None]
+    scale = top if top is not None else max(values, default=0.0)
+    scale = scale if scale > 0 else 1.0
+    runs: list[list[str]] = [[]]
+    for t, v in shown:
+        if v is None:
+            if runs[-1]:
+                runs.append([])
+            continue
+        x = (t - start) / window * width
+        y = height - 1 - min(max(v / scale, 0.0), 1.0) * (height - 2)
+        runs[-1].append(f"{x:.1f},{y:.1f}")
+    lines = "".join(
+        f'<polyline points="{" ".join(run)}" fill="none" stroke="#2b7bb9" stroke-width="1.5"/>'
+        for run in runs
+        if run
+    )
+    return (
+        f'<svg class="gpupool-spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        f'xmlns="http://www.w3.org/2000/svg"><rect width="{width}" height="{height}" fill="#f4f6f8"/>'
+        f"{lines}</svg>"
+    )
+
+
+def _memory_line(sample: Mapping[str, Any] | None, memory_mib: float | None) -> str:
+    used = sample.get("memory_used_mib") if sample else None
+    total = (sample.get("memory_total_mib") if sample else None) or memory_mib
+    if used is None:
+        return NA if total is None else f"{NA} / {total / _MIB_PER_GIB:.1f} GiB"
+    if total is None:
+        return f"{used / _MIB_PER_GIB:.1f} GiB / {NA}"
+    return f"{used / _MIB_PER_GIB:.1f} / {total / _MIB_PER_GIB:.1f} GiB"
+
+
+def _power_line(sample: Mapping[str, Any] | None) -> str:
+    power = sample.get("power_w") if sample else None
+    if power is None:
+        return NA
+    limit = sample.get("power_limit_w") if sample else None
+    return _watts(power) + (f" / {limit:.0f} W" if limit is not None else "")
+
+
+def device_title(device: Mapping[str, Any]) -> str:
+    """``node · GPU 2 · MIG 3g.40gb`` (or ``… · share 50%`` for a fraction of a GPU)."""
+    parts = [str(device.get("node") or "?"), f"GPU {device.get('gpu', '?')}"]
+    if device.get("mig_profile"):
+        parts.append(f"MIG {device['mig_profile']}")
+    milli = device.get("milli")
+    if not device.get("mig_profile") and milli is not None and milli < 1000:
+        parts.append(f"share {milli / 10:g}%")
+    return " · ".join(parts)
+
+
+def device_card(device: Mapping[str, Any], samples: Sequence[Mapping[str, Any]], *, now: float) -> str:
+    """One device's card: title, UUID, and per metric its latest value (or "N/A") with a sparkline."""
+    latest = samples[-1] if samples else None
+
+    def series(key: str) -> list[tuple[float, float | None]]:
+        return [(float(s["time"]), s.get(key)) for s in samples]
+
+    def value(key: str, fmt: Any) -> str:
+        reading = latest.get(key) if latest else None
+        return NA if reading is None else str(fmt(reading))
+
+    total = (latest.get("memory_total_mib") if latest else None) or device.get("memory_mib")
+    rows = [
+        ("Utilisation", value("gpu_utilization", _percent), sparkline_svg(
+            series("gpu_utilization"), now=now, top=100.0)),
+        ("Memory", _memory_line(latest, device.get("memory_mib")), sparkline_svg(
+            series("memory_used_mib"), now=now, top=float(total) if total else None)),
+        ("Temperature", value("temperature_c", _celsius), sparkline_svg(
+            series("temperature_c"), now=now, top=100.0)),
+        ("Power", _power_line(latest), sparkline_svg(
+            series("power_w"), now=now, top=latest.get("power_limit_w") if latest else None)),
+    ]  # fmt: skip
+    body = "".join(
+        f'<tr><th>{name}</th><td class="gpupool-value{" gpupool-na" if shown.startswith(NA) else ""}">'
+        f"{html.escape(shown)}</td><td>{spark}</td></tr>"
+        for name, shown, spark in rows
+    )
+    return (
+        f'<div class="gpupool-card"><div class="gpupool-card-title">{html.escape(device_title(device))}</div>'
+        f'<div class="gpupool-uuid">{html.escape(str(device.get("uuid", "")))}</div>'
+        f'<table class="gpupool-metrics">{body}</table></div>'
+    )
+
+
+def pool_free_line(summary: Mapping[str, Any]) -> str:
+    """What the pool has free right now, from ``GET pool``'s summary, in one sentence."""
+    whole = int(summary.get("whole_gpus_free", 0))
+    mig = ", ".join(f"{p} ×{n}" for p, n in (summary.get("mig_slices_free") or {}).items()) or "none"
+    shares = float(summary.get("shared_milli_free", 0)) / 1000
+    return (
+        f"Pool free now: {whole} whole GPU{'' if whole == 1 else 's'}; MIG slices {mig}; "
+        f"{shares:g} GPUs' worth of shares"
+    )
+
+
+def warning_lines(warnings: Iterable[Mapping[str, Any]], *, now: float, lease_id: str | None = None) -> str:
+    """Pending cull warnings (the service's ``GET warnings``) as HTML, one line each: when the server will be
+    stopped and why. With ``lease_id``, only the warnings of that lease (or naming none). Empty when none."""
+    lines = []
+    for warning in warnings:
+        if lease_id and warning.get("lease_id") not in (None, lease_id):
+            continue
+        cull_at = warning.get("cull_at")
+        when = "soon"
+        if isinstance(cull_at, (int, float)):
+            left = cull_at - now
+            when = f"in {left / 60:.0f} min" if left >= 60 else ("in under a minute" if left > 0 else "now")
+        reason = str(warning.get("reason") or "idle")
+        text = f"This server will be stopped {when}: {reason}"
+        lines.append(f'<div class="gpupool-warning">⚠ {html.escape(text)}</div>')
+    return "".join(lines)
+
+
+def monitor_html(
+    devices: Sequence[Mapping[str, Any]],
+    samples: Mapping[str, Sequence[Mapping[str, Any]]],
+    *,
+    now: float,
+    simulated: bool | None,
+    pool_line: str = "",
+    warnings: str = "",
+    message: str = "",
+) -> str:
+    """The whole monitor: the simulated label, warnings, one card per device, the pool line, a message."""
+    head = '<span class="gpupool-simulated">simulated</span> ' if simulated else ""
+    cards = "".join(device_card(d, samples.get(str(d["uuid"]), ()), now=now) for d in devices)
+    if not devices:
+        cards = "<p>This server holds no GPU (its lease has no devices).</p>"
+    note = f'<div class="gpupool-message">{html.escape(message)}</div>' if message else ""
+    return (
+        f'<style>{_CSS}</style><div class="gpupool-monitor-body">{head}{warnings}'
+        f'<div class="gpupool-cards">{cards}</div>'
+        f'<div class="gpupool-pool">{html.escape(pool_line)}</div>{note}</div>'
+    )
+
+
+_CSS = (
+    ".gpupool-cards{display:flex;flex-wrap:wrap;gap:8px}"
+    ".gpupool-card{border:1px solid #ccd;border-radius:6px;padding:6px 10px;background:#fff}"
+    ".gpupool-card-title{font-weight:bold}.gpupool-uuid{font-size:80%;color:#667}"
+    ".gpupool-metrics th{text-align:left;padding-right:8px}.gpupool-value{min-width:9em}"
+    ".gpupool-na{color:#999}.gpupool-simulated{background:#fd7;padding:1px 6px;border-radius:4px}"
+    ".gpupool-warning{background:#fee;border:1px solid #c66;padding:4px;margin:4px 0}"
+)
+
+
+def fetch_warnings(connection: Connection) -> list[dict[str, Any]]:
+    """The caller's pending cull warnings from ``GET warnings``; a service without that endpoint (404, an
+    older service) means no warnings, not an error."""
+    try:
+        answer = connection.call("GET", "warnings")
+    except GpupoolError as error:
+        if error.status in (404, 405):
+            return []
+        raise
+    items = answer.get("warnings", []) if isinstance(answer, dict) else answer
+    return [dict(item) for item in items if isinstance(item, Mapping)]
+
+
+class GpuMonitor(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
+    """The monitor; display it as a cell's last expression. ``close()`` stops its refresh thread.
+
+    ``lease_id`` defaults to ``GPUPOOL_LEASE_ID``; without one the monitor shows every device of the user's
+    granted leases.
+    """
+
+    def __init__(
+        self, connection: Connection | None = None, refresh: float = 1.5, lease_id: str | None = None
+    ) -> None:
+        # first: ipywidgets calls close() when __init__ fails, and close() needs the stop event
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.connection = connection or Connection()
+        self.refresh = refresh
+        self.lease_id = lease_id or os.environ.get("GPUPOOL_LEASE_ID") or None
+        self.devices: list[dict[str, Any]] = []
+        self.samples: dict[str, deque[dict[str, Any]]] = {}
+        self.simulated: bool | None = None
+        self.updates = 0  # completed refreshes, for tests and the curious
+        self._since: float | None = None
+        self.view = w.HTML()
+        super().__init__([self.view])
+        self.add_class("gpupool-gpu-monitor")
+        self.update()
+        self._thread = threading.Thread(target=self._refresh_forever, name="gpupool-gpu-monitor", daemon=True)
+        self._thread.start()
+
+    def _lease_devices(self) -> list[dict[str, Any]]:
+        if self.lease_id:
+            leases = [self.connection.call("GET", f"leases/{self.lease_id}")]
+        else:
+            leases = list(self.connection.call("GET", "leases", params={"active_only": True}))
+        return [
+            dict(d) for lease in leases if lease.get("state") == "granted" for d in lease.get("devices", [])
+        ]
+
+    def update(self) -> None:
+        """Read the lease, new samples, the pool and warnings once, and show them."""
+        with self._lock:
+            message = ""
+            try:
+                # a granted lease never changes its devices; a queued one, or "all my leases", may
+                if not self.devices or self.lease_id is None:
+                    self.devices = self._lease_devices()
+                params = {"since": self._since} if self._since is not None else {}
+                telemetry = self.connection.call("GET", "telemetry", params=params)
+                self.simulated = telemetry.get("simulated")
+                by_uuid = {str(d["uuid"]): d for d in telemetry.get("devices", [])}
+                for device in self.devices:
+                    found = by_uuid.get(str(device["uuid"]))
+                    if found is None:
+                        continue
+                    for key in ("node", "gpu", "mig_profile"):
+                        device.setdefault(key, found.get(key))
+                    kept = self.samples.setdefault(str(device["uuid"]), deque(maxlen=MAX_POINTS))
+                    kept.extend(found.get("samples", []))
+                    if kept:
+                        self._since = max(self._since or 0.0, float(kept[-1]["time"]))
+                pool = self.connection.call("GET", "pool")
+                pool_line = pool_free_line(pool.get("summary", {}))
+                warnings = warning_lines(
+                    fetch_warnings(self.connection), now=time.time(), lease_id=self.lease_id
+                )
+            except GpupoolError as error:
+                message, pool_line, warnings = str(error), "", ""
+            now = self._since if self._since is not None else 0.0
+            self.view.value = monitor_html(
+                self.devices,
+                {u: list(s) for u, s in self.samples.items()},
+                now=now,
+                simulated=self.simulated,
+                pool_line=pool_line,
+                warnings=warnings,
+                message=message,
+            )
+            self.updates += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        super().close()
+
+    def _refresh_forever(self) -> None:
+        # A thread, not the kernel's event loop: a slow service never holds up the user's cells.
+        while not self._stop.wait(self.refresh):
+            self.update()
