@@ -77,6 +77,9 @@ c.JupyterHub.services = [
             "GPUPOOL_DB_URL": f"sqlite:///{STATE / 'gpupool.sqlite'}",
         },
         "cwd": str(STATE),
+        # a cold first start (imports from disk, a busy machine) can take longer than the 30 s default,
+        # and JupyterHub exits when a managed service is not up in time
+        "timeout": 120,
     },
     {
         # Stops idle servers; their leases go back to the pool with them. gpupool's arbiter (see

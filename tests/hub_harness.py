@@ -117,6 +117,7 @@ def write_hub_config(
                 "url": f"http://127.0.0.1:{ports['service_port']}",
                 "command": service_command(),
                 "environment": environment | dict(service_env or {}),
+                "timeout": 120,  # JupyterHub exits if a managed service is not up in time; CI starts cold
             },
             {"name": "hub-client", "api_token": hub_client_token},
         ]

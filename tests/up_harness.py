@@ -85,7 +85,7 @@ def up_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "gpupool.spawner.cli", "up", *args]
 
 
-def start_up(tmp: Path, state: Path, port: int, extra: Path, *, timeout: float = 60) -> Up:
+def start_up(tmp: Path, state: Path, port: int, extra: Path, *, timeout: float = 150) -> Up:
     """Start ``gpupool up`` on the demo pool and return once /hub/login answers 200; fail with its log."""
     log = tmp / f"up-{time.monotonic_ns()}.log"
     with log.open("wb") as out:

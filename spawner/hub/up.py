@@ -177,6 +177,9 @@ def services(settings: UpSettings) -> list[dict[str, object]]:
             "command": [sys.executable, "-m", "gpupool.spawner.service"],
             "environment": service_environment(settings),
             "cwd": str(settings.state),
+            # a cold first start (imports from disk, a busy machine) can take longer than the 30 s default,
+            # and JupyterHub exits when a managed service is not up in time
+            "timeout": 120,
         },
         {
             "name": CULLER,
