@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -61,3 +62,25 @@ def screenshot_on_failure(page: Page, name: str) -> Iterator[Page]:
         with contextlib.suppress(Exception):
             page.screenshot(path=str(artifacts() / name), full_page=True)
         raise
+
+
+LAB_TIMEOUT_MS = 120_000  # spawn, OAuth and JupyterLab's first load take ~30-90 s on a 2-core CI box
+KERNEL_IDLE = re.compile(r"Python 3 \(ipykernel\) \| Idle")  # the status bar's kernel status
+
+
+def run_first_cell(page: Page, notebook_url: str, widget: str) -> Locator:
+    """Open a notebook in JupyterLab, run its first cell once the kernel is up, and return the widget the
+    cell shows (CSS selector ``widget``); a cell that fails fails the test with its traceback."""
+    page.goto(notebook_url)
+    cell = page.locator(".jp-Notebook .jp-CodeCell").first
+    expect(cell).to_be_visible(timeout=LAB_TIMEOUT_MS)
+    # run only once the kernel is up: before, JupyterLab asks for a kernel instead of running the cell
+    expect(page.get_by_text(KERNEL_IDLE)).to_be_visible(timeout=LAB_TIMEOUT_MS)
+    cell.locator(".cm-content").click()
+    page.keyboard.press("Shift+Enter")
+    shown = page.locator(widget)
+    error = cell.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
+    expect(shown.or_(error)).to_be_visible(timeout=LAB_TIMEOUT_MS)
+    if error.is_visible():
+        pytest.fail(f"the cell failed:\n{error.inner_text()}")
+    return shown

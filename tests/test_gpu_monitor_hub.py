@@ -17,11 +17,11 @@ from typing import Any
 import httpx
 import nbformat
 import pytest
-from browser_harness import artifacts, chromium, screenshot_on_failure
+from browser_harness import LAB_TIMEOUT_MS, artifacts, chromium, run_first_cell, screenshot_on_failure
 from hub_harness import GPU_SPAWNER, SERVICE, RunningHub, free_ports, write_hub_config
 from nbclient import NotebookClient
 from playwright.sync_api import expect
-from test_job_panel_browser import KERNEL_IDLE, LAB_TIMEOUT_MS, SERVER_ROLE
+from test_job_panel_browser import SERVER_ROLE
 from up_harness import require_proxy
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
@@ -160,17 +160,9 @@ def test_gpu_monitor_renders_in_jupyterlab_on_a_spawned_h100_server(hub: Running
                 timeout=30,
             )
             assert put.status_code in (200, 201), put.text
-            page.goto(f"{hub.url}/user/{USER}/lab/tree/monitor.ipynb")
-            cell = page.locator(".jp-Notebook .jp-CodeCell").first
-            expect(cell).to_be_visible(timeout=LAB_TIMEOUT_MS)
-            expect(page.get_by_text(KERNEL_IDLE)).to_be_visible(timeout=LAB_TIMEOUT_MS)
-            cell.locator(".cm-content").click()
-            page.keyboard.press("Shift+Enter")
-            monitor = page.locator(".gpupool-gpu-monitor")
-            error = cell.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
-            expect(monitor.or_(error)).to_be_visible(timeout=LAB_TIMEOUT_MS)
-            if error.is_visible():
-                pytest.fail(f"the cell failed:\n{error.inner_text()}")
+            monitor = run_first_cell(
+                page, f"{hub.url}/user/{USER}/lab/tree/monitor.ipynb", ".gpupool-gpu-monitor"
+            )
             expect(monitor.locator(".gpupool-card")).to_have_count(1, timeout=30_000)
             expect(monitor).to_contain_text(re.compile(r"Utilisation\s*\d+%"), timeout=30_000)
             expect(monitor).to_contain_text("simulated")

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import nbformat
 import pytest
-from browser_harness import artifacts, chromium, screenshot_on_failure
+from browser_harness import LAB_TIMEOUT_MS, artifacts, chromium, run_first_cell, screenshot_on_failure
 from hub_harness import GPU_SPAWNER, SERVICE, RunningHub, free_ports, write_hub_config
 from job_user import clean_home, job_user
 from playwright.sync_api import Page, expect
@@ -41,9 +41,7 @@ SERVER_ROLE = {
 }
 CELL = "from gpupool.widgets import JobPanel\npanel = JobPanel(refresh=1)\npanel"
 COMMAND = 'sh -c "echo panel job on $CUDA_VISIBLE_DEVICES; sleep 1"'
-LAB_TIMEOUT_MS = 120_000  # spawn, OAuth and JupyterLab's first load take ~30-90 s on a 2-core CI box
 JOB_TIMEOUT_MS = 60_000
-KERNEL_IDLE = re.compile(r"Python 3 \(ipykernel\) \| Idle")  # the status bar's kernel status
 
 
 def start_cpu_server(page: Page, hub: RunningHub, user: str) -> None:
@@ -103,19 +101,8 @@ def test_the_job_panel_renders_in_jupyterlab_submits_a_job_and_shows_it_succeed(
             with screenshot_on_failure(page, "job-panel-failure.png"):
                 start_cpu_server(page, hub, user)
                 put_notebook(hub, user)
-                page.goto(f"{hub.url}/user/{user}/lab/tree/panel.ipynb")
-                cell = page.locator(".jp-Notebook .jp-CodeCell").first
-                expect(cell).to_be_visible(timeout=LAB_TIMEOUT_MS)
-                # run only once the kernel is up: before, JupyterLab asks for a kernel instead of running
-                expect(page.get_by_text(KERNEL_IDLE)).to_be_visible(timeout=LAB_TIMEOUT_MS)
-                cell.locator(".cm-content").click()
-                page.keyboard.press("Shift+Enter")
-
-                panel = page.locator(".gpupool-job-panel")
-                error = cell.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
-                expect(panel.or_(error)).to_be_visible(timeout=LAB_TIMEOUT_MS)
-                if error.is_visible():
-                    pytest.fail(f"the cell failed:\n{error.inner_text()}")
+                notebook = f"{hub.url}/user/{user}/lab/tree/panel.ipynb"
+                panel = run_first_cell(page, notebook, ".gpupool-job-panel")
                 command = panel.locator(".widget-text", has=page.locator("label", has_text="Command"))
                 command.locator("input").fill(COMMAND)
                 profile = panel.locator(".widget-dropdown", has=page.locator("label", has_text="Profile"))
