@@ -235,3 +235,13 @@ def test_a_restarted_service_still_knows_alices_lease(hub: Hub) -> None:
         assert again.json()["state"] == "granted" and again.json()["devices"] == lease["devices"]
         (device,) = lease["devices"]
         assert not _mig_instance(alice.get("/pool").json(), device["uuid"])["free"]
+
+
+def test_usage_is_each_users_own_and_admins_see_everyone(hub: Hub) -> None:
+    with hub.as_user("bob") as bob, hub.as_user("admin") as admin:
+        assert bob.get("/usage").status_code == 200
+        peek = bob.get("/usage", params={"user": "alice"})
+        assert peek.status_code == 403 and peek.json()["fields"] == ["user"]
+        assert admin.get("/usage", params={"user": "alice"}).status_code == 200
+        backwards = admin.get("/usage", params={"since": 10, "until": 5})
+        assert backwards.status_code == 400 and "since" in backwards.json()["detail"]

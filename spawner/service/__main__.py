@@ -58,6 +58,8 @@ from .reconcile import HubClient, reconcile_forever
 from .store import LeaseStore, sqlite_url
 from .telemetry_api import metrics_public, telemetry_router
 from .telemetry_loop import Telemetry, make_sampler, sample_seconds
+from .usage_api import usage_router
+from .usage_store import UsageStore
 
 log = logging.getLogger("gpupool.service")
 
@@ -116,10 +118,14 @@ def build(env: Mapping[str, str]) -> tuple[FastAPI, LeaseManager]:
     app = create_app(
         manager, profiles, backend=pool.backend, source=pool.source, auth=auth, prefix=prefix, jobs=jobs
     )
-    telemetry = Telemetry(manager, make_sampler(pool.backend, pool.nodes), interval=sample_seconds(env))
+    usage = UsageStore(store.engine)  # the minutes the telemetry closes, kept for long-term reports
+    telemetry = Telemetry(
+        manager, make_sampler(pool.backend, pool.nodes), interval=sample_seconds(env), on_minutes=usage.add
+    )
     app.include_router(
         telemetry_router(manager, telemetry, auth, prefix=prefix, public_metrics=metrics_public(env))
     )
+    app.include_router(usage_router(usage, auth, prefix=prefix))
     app.include_router(health_router(jobs, telemetry, auth, prefix=prefix))
     app.include_router(
         idle_router(manager, telemetry, auth, profiles, prefix=prefix, threshold=gpu_idle_threshold(env))

@@ -1,0 +1,62 @@
+"""``GET api/v1/usage``: GPU-hours held against GPU-hours used, per user and profile, from the stored minutes.
+
+Users see their own rows; admins (``custom:gpupool:admin``) every user's, or one user's with ``user=``. The
+span defaults to the last 30 days. This module has no ``from __future__ import annotations``: FastAPI
+resolves ``caller`` at run time.
+"""
+
+import time
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, status
+from pydantic import BaseModel, Field
+
+from .auth import Authenticator, Caller
+from .usage_store import UsageStore
+
+_DAY = 86400.0
+
+
+class UsageOut(BaseModel):
+    user: str
+    profile: str
+    gpu_hours_held: float
+    gpu_hours_used: float = Field(description="held with utilisation at or above the used threshold")
+    gpu_hours_unknown: float = Field(description="held while utilisation could not be read")
+    idle_share: float | None = Field(description="part of the known held hours that were idle")
+
+
+def usage_router(
+    usage: UsageStore, auth: Authenticator, *, prefix: str, clock: Callable[[], float] = time.time
+) -> APIRouter:
+    """The usage route under ``{prefix}api/v1``."""
+    router = APIRouter(prefix="/" + prefix.strip("/") + "/api/v1")
+    CallerDep = Annotated[Caller, Depends(auth)]
+
+    @router.get("/usage", summary="GPU-hours held and used, per user and profile")
+    async def get_usage(
+        caller: CallerDep, since: float | None = None, until: float | None = None, user: str | None = None
+    ) -> list[UsageOut]:
+        if user is not None and user != caller.name and not caller.is_admin:
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN, f"user: {caller.name} may read only their own usage"
+            )
+        end = until if until is not None else clock()
+        start = since if since is not None else end - 30 * _DAY
+        if start >= end:
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, "since: must be before until")
+        who = user if user is not None else (None if caller.is_admin else caller.name)
+        return [
+            UsageOut(
+                user=row.user,
+                profile=row.profile,
+                gpu_hours_held=round(row.gpu_hours_held, 4),
+                gpu_hours_used=round(row.gpu_hours_used, 4),
+                gpu_hours_unknown=round(row.gpu_hours_unknown, 4),
+                idle_share=None if row.idle_share is None else round(row.idle_share, 4),
+            )
+            for row in usage.report(start, end, who)
+        ]
+
+    return router
