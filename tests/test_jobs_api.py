@@ -256,7 +256,7 @@ def test_the_shell_commands_submit_follow_list_and_refuse_bad_input(hub: Hub) ->
     job_id = submitted.stdout.split("\t")[0]
     followed = _gpupool(hub, "logs", job_id, "-f")
     assert followed.returncode == 0 and followed.stdout == "cli job\n", followed.stderr
-    assert f"job {job_id} succeeded" in followed.stderr
+    assert f"job {job_id} succeeded" in followed.stderr, followed.stderr
     listed = _gpupool(hub, "jobs")
     (row,) = [line.split("\t") for line in listed.stdout.splitlines() if line.startswith(job_id)]
     assert row[2:4] == ["cpu", "succeeded"]

@@ -110,6 +110,21 @@ def test_the_metrics_page_parses_and_matches_the_pool_and_its_leases(hub: Hub) -
         assert totals, "the sampler has not reported any GPU yet"
         alice.delete(f"/leases/{lease['id']}")
 
+    def quota_refusals() -> float:
+        page = httpx.get(url, headers={"Authorization": f"token {ADMIN_TOKEN}"}, timeout=10).text
+        (family,) = (
+            f for f in text_string_to_metric_families(page) if f.name == "gpupool_placement_refusals"
+        )
+        return next(s.value for s in family.samples if s.labels["reason"] == "quota")
+
+    before = quota_refusals()
+    with hub.as_user("carol") as carol:
+        held = _new_lease(carol, "mig-1g")
+        body = {"profile": "mig-1g", "owner_kind": "server", "owner_name": "second"}
+        assert carol.post("/leases", json=body).status_code == 403
+        carol.delete(f"/leases/{held['id']}")
+    assert quota_refusals() == before + 1
+
 
 def test_the_pool_says_it_is_simulated(hub: Hub) -> None:
     with hub.as_user("alice") as alice:

@@ -55,10 +55,15 @@ class Job:
     def follow(self, out: TextIO | None = None) -> str:
         """Write the log to ``out`` (default stdout) as it grows, until the job ends; return the final state."""
         out = out or sys.stdout
-        for chunk in self._connection.stream(f"jobs/{self.id}/logs", follow="true"):
-            out.write(chunk.decode("utf-8", errors="replace"))
-            out.flush()
-        return self.status
+        offset = 0
+        while True:
+            for chunk in self._connection.stream(f"jobs/{self.id}/logs", follow="true", offset=offset):
+                offset += len(chunk)
+                out.write(chunk.decode("utf-8", errors="replace"))
+                out.flush()
+            # The service ends the stream once the job has finished; a proxy may cut it sooner: go on from here.
+            if (state := self.status) in FINISHED:
+                return state
 
     def wait(self, timeout: float | None = None, poll: float = 1.0) -> str:
         """Block until the job ends (or ``timeout`` seconds pass: TimeoutError); return the final state."""

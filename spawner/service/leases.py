@@ -18,6 +18,7 @@ take note, never call back into the manager.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -64,6 +65,8 @@ class LeaseManager:
     ) -> None:
         self.store = store
         self.quotas = quotas
+        # requests not granted at once, by why: "queued" (no room now), "quota", "never_fits" (for /metrics)
+        self.refusals: collections.Counter[str] = collections.Counter()
         self.usage_window = usage_window
         self._clock = clock
         self._lock = threading.RLock()
@@ -105,6 +108,7 @@ class LeaseManager:
                 held = [lease.request for lease in self.store.list_for_user(user, active_only=True)]
                 refusal = self.quotas.check(user, groups, request, held)
                 if refusal is not None:
+                    self.refusals["quota"] += 1
                     raise refusal
             at = self._clock() if arrival is None else arrival
             new = NewLease(owner_kind, user, owner_name, profile_slug, request, priority, at)
@@ -126,7 +130,9 @@ class LeaseManager:
             else:
                 reason, never = outcome.reason, outcome.never_fits
             if never:
+                self.refusals["never_fits"] += 1
                 raise NeverFits(reason)
+            self.refusals["queued"] += 1
             lease = self.store.add_queued(new)
             self._queue.add(_entry(lease))
             return self._with_position(lease)

@@ -239,6 +239,15 @@ def _families(manager: LeaseManager, telemetry: Telemetry, now: float) -> Iterab
         by_state.add_metric([state.value], sum(1 for lease in leases if lease.state is state))
     yield by_state
     yield GaugeMetricFamily("gpupool_queue_length", "Leases waiting in the queue", value=len(queued))
+    refused = CounterMetricFamily(
+        "gpupool_placement_refusals",
+        "Requests not granted at once since the service started, by reason: queued (no room now), quota, "
+        "never_fits",
+        labels=["reason"],
+    )
+    for reason in ("queued", "quota", "never_fits"):
+        refused.add_metric([reason], manager.refusals[reason])
+    yield refused
     yield GaugeMetricFamily(
         "gpupool_queue_wait_seconds_max",
         "How long the longest-waiting queued lease has waited (0 when the queue is empty)",
