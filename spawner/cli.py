@@ -28,11 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        if args.command in JOB_COMMANDS:
+        if args.command in (*JOB_COMMANDS, *ADMIN_COMMANDS):  # clients of the service: one way to fail
             code: int = _job_commands().run(args.handler, args)
-            return code
-        if args.command in ADMIN_COMMANDS:
-            code = _admin_commands().run(args.handler, args)
             return code
         result: int = args.handler(args)
         return result

@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from .client import Connection, GpupoolError
-from .jobs_cli import run
+from .jobs_cli import connection_options, run
 
 __all__ = ["add_admin_commands", "parse_device", "run"]
 
@@ -24,8 +24,7 @@ def add_admin_commands(commands: Any) -> None:
     ):
         sub = commands.add_parser(name, help=f"{text} (admins)", description=f"{text[0].upper()}{text[1:]}.")
         sub.add_argument("device", metavar="NODE[/GPU]", help="a node, or one GPU on it: dgx-h100-01/3")
-        sub.add_argument("--url", help="the service, e.g. http://127.0.0.1:8000/services/gpupool/")
-        sub.add_argument("--token", help="an admin's JupyterHub API token (default: $JUPYTERHUB_API_TOKEN)")
+        connection_options(sub, whose="of an admin")
         sub.set_defaults(handler=handler)
 
 

@@ -22,7 +22,7 @@ def add_job_commands(commands: Any) -> None:
         help="submit a training job: gpupool submit --profile h100 -- python train.py",
         description="Run CMD ARGS… on a profile's devices, as you; prints the job's id.",
     )
-    _connection_options(sub)
+    connection_options(sub)
     sub.add_argument("--profile", required=True, help="the profile's slug (see the spawn form)")
     sub.add_argument("--name", help="a name for the job (default: the program's)")
     sub.add_argument("--max-runtime", help="e.g. 2h, 30m, 1d or seconds (default: the profile's limit)")
@@ -33,17 +33,17 @@ def add_job_commands(commands: Any) -> None:
     sub.set_defaults(handler=_submit)
 
     listing = commands.add_parser("jobs", help="your jobs and their state")
-    _connection_options(listing)
+    connection_options(listing)
     listing.set_defaults(handler=_jobs)
 
     logs = commands.add_parser("logs", help="a job's log; -f follows it until the job ends")
-    _connection_options(logs)
+    connection_options(logs)
     logs.add_argument("job_id", metavar="ID")
     logs.add_argument("-f", "--follow", action="store_true")
     logs.set_defaults(handler=_logs)
 
     cancel = commands.add_parser("cancel", help="stop a job and free its devices")
-    _connection_options(cancel)
+    connection_options(cancel)
     cancel.add_argument("job_id", metavar="ID")
     cancel.set_defaults(handler=_cancel)
 
@@ -58,9 +58,10 @@ def run(handler: Any, args: argparse.Namespace) -> int:
         return 1
 
 
-def _connection_options(parser: argparse.ArgumentParser) -> None:
+def connection_options(parser: argparse.ArgumentParser, whose: str = "of yours") -> None:
+    """``--url`` and ``--token``, for a command that calls the service (both default to the environment)."""
     parser.add_argument("--url", help="the service, e.g. http://127.0.0.1:8000/services/gpupool/")
-    parser.add_argument("--token", help="a JupyterHub API token of yours (default: $JUPYTERHUB_API_TOKEN)")
+    parser.add_argument("--token", help=f"a JupyterHub API token {whose} (default: $JUPYTERHUB_API_TOKEN)")
 
 
 def _connect(args: argparse.Namespace) -> Connection:

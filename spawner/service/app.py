@@ -155,11 +155,7 @@ def create_app(
 def _visible_lease(manager: LeaseManager, caller: Caller, lease_id: str) -> Lease:
     """The lease; 404 when there is none, 403 when it is not the caller's to see."""
     lease = manager.get(lease_id)
-    if not caller.may_see(lease.user):
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN,
-            f"lease {lease_id} belongs to another user; only they and admins see it",
-        )
+    caller.check_may_see(lease.user, f"lease {lease_id}")
     return lease
 
 

@@ -53,6 +53,13 @@ class Caller:
         """Whether this caller may read or release a lease of ``lease_user``."""
         return self.is_admin or self.acts_for_others or (self.kind == "user" and lease_user == self.name)
 
+    def check_may_see(self, owner: str, what: str) -> None:
+        """403 unless :meth:`may_see` allows ``what`` (``lease X``, ``job Y``); whose it is is not said."""
+        if not self.may_see(owner):
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN, f"{what} belongs to another user; only they and admins see it"
+            )
+
 
 class Authenticator:
     """Asks the hub who owns a token and what it may do; one instance per service process."""

@@ -40,11 +40,7 @@ def jobs_router(jobs: JobManager, auth: Callable[..., Coroutine[Any, Any, Caller
 
     def visible(caller: Caller, job_id: str) -> str:
         job = jobs.get(job_id)
-        if not caller.may_see(job.user):
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN,
-                f"job {job_id} belongs to another user; only they and admins see it",
-            )
+        caller.check_may_see(job.user, f"job {job_id}")
         return job.id
 
     @router.post("/jobs", status_code=status.HTTP_201_CREATED, summary="Submit a job (queued until it runs)")
