@@ -11,7 +11,7 @@ server's lease, then applies, per profile:
   GPUs are busy is never culled for inactivity. A GPU whose utilisation is unknown is never taken for idle.
 
 No GPU server is stopped without a warning: the first pass that finds a reason records "will be culled at T
-because …" in the service (``GpuMonitor`` and the hub's pages show it), at least ``GPUPOOL_CULL_WARNING_SECONDS``
+because …" in the service (``GpuMonitor`` shows it; ``GET api/v1/warnings`` lists it), at least ``GPUPOOL_CULL_WARNING_SECONDS``
 ahead; the server is culled only on a pass after T that still finds a reason. A reason that went away
 withdraws the warning. A server without a lease (not gpupool's) gets the culler's own rule; when the service
 cannot be reached the hook culls nothing, because it could neither see the GPUs nor warn.
