@@ -6,9 +6,11 @@ otherwise the tests run jobs as the current user in the service's simple mode (h
 
 from __future__ import annotations
 
+import atexit
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -56,9 +58,43 @@ def clean_home(user: str) -> None:
 
 def python_with_numpy() -> tuple[list[str], dict[str, str]]:
     """A Python the job user may run, with NumPy: this interpreter when the job user may reach it (not root's
-    private pyenv), else the system Python with this environment's packages on PYTHONPATH."""
-    site = str(Path(numpy.__file__).resolve().parent.parent)
+    private pyenv), else the system Python with this environment's NumPy on PYTHONPATH."""
+    site = Path(numpy.__file__).resolve().parent.parent
     system = shutil.which("python3", path="/usr/bin:/bin")
     if os.geteuid() == 0 and system:
-        return [system], {"PYTHONPATH": site}
+        return [system], {"PYTHONPATH": str(_readable(site, ("numpy", "numpy.libs")))}
     return [os.path.realpath(sys.executable)], {}
+
+
+def train_script() -> str:
+    """``examples/train_with_checkpoints.py`` where the job user may read it."""
+    return str(_readable(TRAIN.parent, (TRAIN.name,)) / TRAIN.name)
+
+
+def _readable(folder: Path, names: tuple[str, ...]) -> Path:
+    """``folder``, or a copy of its ``names`` in a world-readable scratch folder when the job user cannot
+    reach it: a checkout inside a private folder (``mktemp -d`` makes one, mode 700) hides the venv and the
+    examples from every other account."""
+    if os.geteuid() != 0 or all(_world_traversable(p) for p in (folder, *folder.parents)):
+        return folder
+    root = Path(tempfile.gettempdir(), f"gpupool-job-test-{os.getpid()}")
+    if not root.exists():
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+    shared = Path(root, *folder.parts[1:])
+    for name in names:
+        source = folder / name
+        if not (shared / name).exists():
+            shared.mkdir(parents=True, exist_ok=True)
+            if source.is_dir():
+                shutil.copytree(source, shared / name)
+            else:
+                shutil.copy2(source, shared / name)
+    for path in (shared, *shared.parents):
+        if path == Path(tempfile.gettempdir()):
+            break
+        path.chmod(0o755)
+    return shared
+
+
+def _world_traversable(path: Path) -> bool:
+    return bool(path.stat().st_mode & stat.S_IXOTH)

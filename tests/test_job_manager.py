@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from builders import gpu, node
-from job_user import TRAIN, clean_home, job_user, python_with_numpy, user_dir
+from job_user import clean_home, job_user, python_with_numpy, train_script, user_dir
 
 from gpupool.spawner.pool.jobs import JobState
 from gpupool.spawner.pool.profiles import Profile
@@ -181,7 +181,9 @@ def test_a_gpu_fault_requeues_the_training_job_which_resumes_from_its_checkpoint
     every = 10
     args = ["--steps", "60", "--checkpoint-every", str(every), "--step-seconds", "0.03"]
     job, _ = jobs.submit(
-        user, [], Submission("h100", [*python, str(TRAIN), *args], env=env, working_dir=str(user_dir(user)))
+        user,
+        [],
+        Submission("h100", [*python, train_script(), *args], env=env, working_dir=str(user_dir(user))),
     )
     until(jobs, lambda: b"step 25/" in jobs.read_log(jobs.get(job.id)), "training to pass step 25")
     first_lease = jobs.leases.get(jobs.get(job.id).lease_id or "")

@@ -18,7 +18,7 @@ import httpx
 import nbformat
 import pytest
 from hub_harness import RunningHub, free_ports, write_hub_config
-from job_user import TRAIN, clean_home, job_user, python_with_numpy, user_dir
+from job_user import clean_home, job_user, python_with_numpy, train_script, user_dir
 from nbclient import NotebookClient
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
@@ -185,7 +185,7 @@ def test_an_injected_gpu_fault_requeues_the_training_job_which_resumes_from_its_
     args = ["--steps", "60", "--checkpoint-every", str(every), "--step-seconds", "0.03"]
     work = str(user_dir(job_user()))
     with hub.as_user("me") as me, hub.as_user("admin") as admin:
-        job = submit(me, [*python, str(TRAIN), *args], env=env, working_dir=work, retries=1)
+        job = submit(me, [*python, train_script(), *args], env=env, working_dir=work, retries=1)
         until(lambda: "step 25/" in me.get(f"/jobs/{job['id']}/logs").text, "training to pass step 25")
         (device,) = me.get(f"/jobs/{job['id']}").json()["devices"]
         gpu = next(
