@@ -37,6 +37,7 @@ c.ConfigurableHTTPProxy.auth_token = up.read_or_create_secret(state / "proxy-aut
 c.JupyterHub.custom_scopes = up.CUSTOM_SCOPES
 c.JupyterHub.services = up.services(settings)
 c.JupyterHub.load_roles = up.roles([up.DEMO_USER] if settings.demo_login else [])
+c.JupyterHub.template_paths = [str(up.templates())]  # the home page shows pending cull warnings
 
 # Spawners without system users: every server runs as the account that started the hub, with its home in
 # the state folder. They reach the service directly, not through the proxy.

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from gpupool.spawner.hub.up import CULLER_SCOPES, culler_command, read_or_create_secret
+from gpupool.spawner.hub.up import CULLER_SCOPES, culler_command, read_or_create_secret, templates
 
 c = get_config()  # type: ignore[name-defined]  # noqa: F821  (JupyterHub provides it)
 
@@ -61,6 +61,7 @@ c.JupyterHub.custom_scopes = {
     "custom:gpupool:leases": {"description": "Create, read and release gpupool leases for any user"},
     "custom:gpupool:admin": {"description": "Read and release every gpupool lease, use every profile"},
 }
+c.JupyterHub.template_paths = [str(templates())]  # the home page shows a user's pending cull warnings
 c.JupyterHub.services = [
     {
         # The only owner of the pool. Without GPUPOOL_POOL it reads this host's GPUs through NVML (with no
@@ -77,6 +78,10 @@ c.JupyterHub.services = [
             "GPUPOOL_DB_URL": f"sqlite:///{STATE / 'gpupool.sqlite'}",
         },
         "cwd": str(STATE),
+        # its pages (dashboard, cull warnings on the hub's home page) let logged-in users in through the
+        # hub's OAuth without a confirmation page; an admin's login carries the admin scope, nobody else's
+        "oauth_no_confirm": True,
+        "oauth_client_allowed_scopes": ["custom:gpupool:admin"],
         # a cold first start (imports from disk, a busy machine) can take longer than the 30 s default,
         # and JupyterHub exits when a managed service is not up in time
         "timeout": 120,

@@ -118,6 +118,9 @@ def write_hub_config(
                 "command": service_command(),
                 "environment": environment | dict(service_env or {}),
                 "timeout": 120,  # JupyterHub exits if a managed service is not up in time; CI starts cold
+                # as in hub_config: browsers log in to its pages through the hub, admins keep their scope
+                "oauth_no_confirm": True,
+                "oauth_client_allowed_scopes": ["custom:gpupool:admin"],
             },
             {"name": "hub-client", "api_token": hub_client_token},
         ]

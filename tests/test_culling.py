@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from hub_harness import SERVICE, RunningHub, free_ports, write_hub_config
 from test_local_spawner import (
     ADMIN_SCOPES,
@@ -314,10 +315,23 @@ def test_a_profile_idle_timeout_replaces_the_culler_global_timeout(cluster: Clus
     assert gone_at - cluster.started["dave"] >= 6
 
 
+def test_each_cull_is_counted_on_the_metrics_page_by_the_limit_it_reached(cluster: Cluster) -> None:
+    for user, timeout in (("alice", 40.0), ("dave", 40.0), ("bob", MAX_LIFETIME + 20.0)):
+        _wait_culled(cluster, user, timeout)
+    with cluster.hub.admin() as admin:
+        page = admin.get(f"{cluster.hub.url}/services/{SERVICE}/metrics")
+    assert page.status_code == 200, page.text
+    (culls,) = (f for f in text_string_to_metric_families(page.text) if f.name == "gpupool_culls")
+    counted = {s.labels["limit"]: s.value for s in culls.samples if s.name == "gpupool_culls_total"}
+    assert counted == {"gpu_idle_timeout": 1, "idle_timeout": 1, "max_lifetime": 1}  # carol stays: busy
+
+
 def test_users_read_only_their_own_warnings_and_cannot_record_any(cluster: Cluster) -> None:
     with cluster.hub.as_user("carol") as carol:
         assert carol.get("/warnings", params={"user": "bob"}).status_code == 403
         posted = carol.post("/warnings", json={"user": "bob", "cull_at": 0, "reason": "spite"})
         assert posted.status_code == 403, posted.text
         assert carol.delete("/warnings/bob").status_code == 403
+        culled = carol.post("/culls", json={"user": "bob", "limit": "idle_timeout", "reason": "spite"})
+        assert culled.status_code == 403, culled.text
         assert carol.get("/activity/users/bob").status_code == 403

@@ -4,13 +4,16 @@ One hub for the module, with the GPU spawner and telemetry sampled every half se
 runs ``GpuMonitor`` with what a spawned server's environment gives it (the service's URL, a token acting as
 the user, ``GPUPOOL_LEASE_ID``, and ``CUDA_VISIBLE_DEVICES``, by which the simulated sampler sees the
 kernel's CPU use as the GPU's); headless Chromium loads the admin dashboard through the proxy and a
-JupyterLab that runs ``GpuMonitor`` on a spawned ``h100`` server. Screenshots go to ``test-artifacts/``
-(``dashboard.png``, ``gpu-monitor.png``).
+JupyterLab that runs ``GpuMonitor`` on a spawned ``h100`` server; an admin logged in to the hub reaches the
+dashboard through the hub's OAuth, and a user's pending cull warning shows on the hub's home page (the
+template in ``hub_config/templates``). Screenshots go to ``test-artifacts/`` (``dashboard.png``,
+``gpu-monitor.png``, ``home-cull-warning.png``).
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,11 +23,12 @@ import pytest
 from browser_harness import LAB_TIMEOUT_MS, artifacts, chromium, run_first_cell, screenshot_on_failure
 from hub_harness import GPU_SPAWNER, SERVICE, RunningHub, free_ports, write_hub_config
 from nbclient import NotebookClient
-from playwright.sync_api import expect
+from playwright.sync_api import Page, expect
 from test_job_panel_browser import SERVER_ROLE
 from up_harness import require_proxy
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
+from gpupool.spawner.hub.up import templates
 
 ADMIN_TOKEN = "test-admin-token-monitor-0123456789abcdef"
 HUB_CLIENT_TOKEN = "test-hub-client-token-monitor-0123456789ab"
@@ -36,6 +40,12 @@ ADMIN_SCOPES = (
     f"access:services!service={SERVICE}",
 )
 USER = "mona"
+ADMIN_USER = "ada"  # a hub user with the gpupool admin scope, who logs in with a browser
+ADMINS_ROLE = {
+    "name": "gpupool-admins",
+    "scopes": ["custom:gpupool:admin", f"access:services!service={SERVICE}"],
+    "users": [ADMIN_USER],
+}
 VALUE = r'<th>{}</th><td class="gpupool-value">{}</td>'
 # the cell waits (not sleeps) for the background thread to show a utilisation and a power reading
 WAIT_CELL = """\
@@ -73,12 +83,26 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningHub]:
         hub_client_token=HUB_CLIENT_TOKEN,
         spawner_class=GPU_SPAWNER,
         spawn_timeout=120,
-        extra_config=[f"c.JupyterHub.load_roles.append({SERVER_ROLE!r})"],
+        extra_config=[
+            f"c.JupyterHub.load_roles.append({SERVER_ROLE!r})",
+            f"c.JupyterHub.load_roles.append({ADMINS_ROLE!r})",
+            f"c.JupyterHub.template_paths = [{str(templates())!r}]",
+        ],
     )
     with RunningHub(tmp, ports, ADMIN_TOKEN, service_env=service_env, fail=pytest.fail) as running:
         running.create_user(USER)
         running.token_for(USER)
+        running.token_for(ADMIN_USER)
         yield running
+
+
+def log_in(page: Page, hub: RunningHub, user: str) -> None:
+    """Log in to the hub with its login form (any password does), as a user would."""
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", "any")
+    page.click("#login_submit")
+    page.wait_for_url(re.compile(r"/hub/(spawn|home)"), timeout=30_000)
 
 
 def lease_for(hub: RunningHub, user: str, profile: str, name: str) -> dict[str, Any]:
@@ -115,11 +139,13 @@ def test_a_notebook_shows_gpu_monitor_with_live_values_for_its_leased_gpu(
 def test_the_admin_dashboard_renders_live_values_in_chromium(hub: RunningHub) -> None:
     lease = lease_for(hub, USER, "mig-3g", "dashboard")
     (device,) = lease["devices"]
-    url = f"{hub.url}/services/{SERVICE}/?token={ADMIN_TOKEN}"
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 1100})
         with screenshot_on_failure(page, "dashboard-failure.png"):
-            page.goto(url)
+            log_in(page, hub, ADMIN_USER)
+            page.goto(f"{hub.url}/services/{SERVICE}/")  # no token: the hub's OAuth lets the browser in
+            page.wait_for_url(f"{hub.url}/services/{SERVICE}/", timeout=30_000)
+            expect(page.locator("h1")).to_contain_text("gpupool — pool")  # the admin's view
             expect(page.locator("h1")).to_contain_text("simulated")
             cell = page.locator(f'.hm[data-uuid="{device["uuid"]}"]')
             expect(cell).to_have_text(re.compile(r"^\d+%$"), timeout=30_000)  # a sample, not "N/A"
@@ -172,3 +198,38 @@ def test_gpu_monitor_renders_in_jupyterlab_on_a_spawned_h100_server(hub: Running
             page.click("#stop")
             expect(page.locator("#start")).to_be_visible(timeout=60_000)
         page.close()
+
+
+def test_a_pending_cull_warning_shows_on_the_users_hub_home_page(hub: RunningHub) -> None:
+    lease = lease_for(hub, ADMIN_USER, "mig-3g", "")
+    reason = "its GPUs have been idle (at most 10% utilisation) for 30m, the limit of profile mig-3g"
+    warning = {"user": ADMIN_USER, "lease_id": lease["id"], "cull_at": time.time() + 600, "reason": reason}
+    with hub.as_user("admin") as admin:  # the culler's part: the admin service token may record warnings
+        assert admin.post("/warnings", json=warning).status_code == 201
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        with screenshot_on_failure(page, "home-cull-warning-failure.png"):
+            log_in(page, hub, ADMIN_USER)
+            page.goto(f"{hub.url}/hub/home")
+            shown = page.locator(".gpupool-cull-warning")
+            expect(shown).to_contain_text("Your server will be stopped in", timeout=30_000)
+            expect(shown).to_contain_text(reason)
+            page.screenshot(path=str(artifacts() / "home-cull-warning.png"), full_page=True)
+        page.close()
+    with hub.as_user("admin") as admin:
+        assert admin.delete(f"/leases/{lease['id']}").status_code == 200
+    # mona has no warning: the page's source for it answers her an empty list
+    mine = httpx.get(
+        f"{hub.url}/services/{SERVICE}/my/warnings", params={"token": hub.tokens[USER]}, timeout=20
+    )
+    assert mine.status_code == 200 and mine.json() == []
+
+
+def test_a_login_callback_without_this_browsers_state_is_refused(hub: RunningHub) -> None:
+    answer = httpx.get(
+        f"{hub.url}/services/{SERVICE}/oauth_callback", params={"code": "c", "state": "forged"}, timeout=20
+    )
+    assert answer.status_code == 400 and "state" in answer.text
+    # and a browser with no login at all is sent to the hub to log in, not shown anything
+    page = httpx.get(f"{hub.url}/services/{SERVICE}/", timeout=20)
+    assert page.status_code == 302 and "/hub/api/oauth2/authorize" in page.headers["location"]

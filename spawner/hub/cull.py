@@ -82,6 +82,7 @@ class Verdict:
 
     reason: str
     due_at: float
+    limit: str = "idle_timeout"  # the profile limit reached: max_lifetime, gpu_idle_timeout or idle_timeout
 
 
 def judge(
@@ -105,14 +106,19 @@ def judge(
     gpu_idle = gpu.get("idle_seconds")
     found: list[Verdict] = []
 
-    def consider(limit: float, used: float, reason: str) -> None:
+    def consider(limit: float, used: float, reason: str, name: str) -> None:
         remaining = limit - used
         if remaining <= warn_ahead:
-            found.append(Verdict(reason, now + remaining))
+            found.append(Verdict(reason, now + remaining, name))
 
     lifetime = limits.get("max_lifetime")
     if lifetime and age is not None:
-        consider(lifetime, age, f"it reached the maximum lifetime of profile {profile} ({_span(lifetime)})")
+        consider(
+            lifetime,
+            age,
+            f"it reached the maximum lifetime of profile {profile} ({_span(lifetime)})",
+            "max_lifetime",
+        )
     gpu_limit = limits.get("gpu_idle_timeout")
     if gpu_limit and gpu_state == "idle" and gpu_idle is not None:
         threshold = gpu.get("threshold_percent", 10)
@@ -121,13 +127,17 @@ def judge(
             gpu_idle,
             f"its GPUs have been idle (at most {threshold:g}% utilisation) for {_span(gpu_limit)}, the limit "
             f"of profile {profile}",
+            "gpu_idle_timeout",
         )
     if gpu_state != "busy":
         idle_limit = limits.get("idle_timeout") or inactive_limit
         # GPU use is activity: a server is inactive only while both its browser and its GPUs are
         idle = min(inactive, gpu_idle) if gpu_state == "idle" and gpu_idle is not None else inactive
         consider(
-            idle_limit, idle, f"it has been inactive for {_span(idle_limit)}, the limit of profile {profile}"
+            idle_limit,
+            idle,
+            f"it has been inactive for {_span(idle_limit)}, the limit of profile {profile}",
+            "idle_timeout",
         )
     return min(found, key=lambda v: v.due_at) if found else None
 
@@ -169,6 +179,16 @@ class _Service:
     async def warn(self, user: str, server: str, lease_id: str, cull_at: float, reason: str) -> None:
         body = {"user": user, "server": server, "lease_id": lease_id, "cull_at": cull_at, "reason": reason}
         await self._call("POST", "/warnings", json=body)
+
+    async def culled(self, user: str, server: str, lease_id: str, verdict: Verdict) -> None:
+        body = {
+            "user": user,
+            "server": server,
+            "lease_id": lease_id,
+            "limit": verdict.limit,
+            "reason": verdict.reason,
+        }
+        await self._call("POST", "/culls", json=body)
 
     async def withdraw(self, user: str, server: str) -> None:
         await self._call("DELETE", f"/warnings/{quote(user, safe='')}", params={"server": server})
@@ -233,6 +253,8 @@ async def gpupool_cull_arbiter(
             log.info(
                 "culling %s (warned %.0f s ago) because %s", label, now - warning["warned_at"], verdict.reason
             )
+            # counted before the stop: a report that fails keeps the server (next pass), never loses a cull
+            await service.culled(user, name, str(activity["lease_id"]), verdict)
             return True
         return False
     except ServiceUnavailable as error:

@@ -177,6 +177,10 @@ def services(settings: UpSettings) -> list[dict[str, object]]:
             "command": [sys.executable, "-m", "gpupool.spawner.service"],
             "environment": service_environment(settings),
             "cwd": str(settings.state),
+            # its pages let logged-in users in through the hub's OAuth without a confirmation page; admins'
+            # logins carry the admin scope (JupyterHub drops it for everyone else)
+            "oauth_no_confirm": True,
+            "oauth_client_allowed_scopes": ["custom:gpupool:admin"],
             # a cold first start (imports from disk, a busy machine) can take longer than the 30 s default,
             # and JupyterHub exits when a managed service is not up in time
             "timeout": 120,
@@ -189,6 +193,11 @@ def services(settings: UpSettings) -> list[dict[str, object]]:
         },
         {"name": SPAWNER_CLIENT, "api_token": spawner_token(settings.state)},
     ]
+
+
+def templates() -> Path:
+    """``hub_config/templates``: JupyterHub's pages with gpupool's additions (cull warnings on the home page)."""
+    return Path(str(resources.files("gpupool.hub_config").joinpath("templates")))
 
 
 def culler_config() -> Path:

@@ -48,9 +48,10 @@ from ..pool.policies import PlacementPolicy, policy_by_name
 from ..pool.profiles import ProfileError
 from .app import DEFAULT_PREFIX, create_app
 from .auth import Authenticator
+from .browser_login import BrowserLogin
 from .dashboard import dashboard_router
 from .health_api import health_router
-from .idle_api import gpu_idle_threshold, idle_router
+from .idle_api import Warnings, gpu_idle_threshold, idle_router
 from .job_store import JobStore
 from .jobs import JobManager
 from .leases import LeaseManager
@@ -127,11 +128,30 @@ def build(env: Mapping[str, str]) -> tuple[FastAPI, LeaseManager]:
     )
     app.include_router(usage_router(usage, auth, prefix=prefix))
     app.include_router(health_router(jobs, telemetry, auth, prefix=prefix))
+    warnings = Warnings(manager)  # the culler records them through the API; the pages read them too
     app.include_router(
-        idle_router(manager, telemetry, auth, profiles, prefix=prefix, threshold=gpu_idle_threshold(env))
+        idle_router(
+            manager,
+            telemetry,
+            auth,
+            profiles,
+            prefix=prefix,
+            threshold=gpu_idle_threshold(env),
+            warnings=warnings,
+        )
     )
+    login = BrowserLogin.from_env(env, name, prefix)  # the pages let a logged-in hub user in without a token
     app.include_router(
-        dashboard_router(manager, telemetry, auth, prefix=prefix, backend=pool.backend, source=pool.source)
+        dashboard_router(
+            manager,
+            telemetry,
+            auth,
+            prefix=prefix,
+            backend=pool.backend,
+            source=pool.source,
+            login=login,
+            warnings=warnings,
+        )
     )
     return app, manager
 

@@ -1,6 +1,7 @@
 """Who is calling: JupyterHub API tokens checked with the hub, and the gpupool scopes they carry.
 
-The service keeps no users of its own. A request's token (``Authorization: token …`` or ``Bearer …``) is shown
+The service keeps no users of its own. A request's token (``Authorization: token …`` or ``Bearer …``, or for
+reads the cookie of a browser logged in through the hub, see :mod:`.browser_login`) is shown
 to the hub at ``GET {JUPYTERHUB_API_URL}/user``, which answers with the token's owner and its scopes; the
 answer is cached for ``cache_seconds`` under a hash of the token, so a busy spawner costs the hub one call a
 minute, and the token itself is never kept.
@@ -25,8 +26,9 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import httpx
-from fastapi import Header, HTTPException, status
+from fastapi import Header, HTTPException, Request, status
 
+TOKEN_COOKIE = "gpupool-token"  # set by the browser login (browser_login.py), for the service's prefix only
 LEASES_SCOPE = "custom:gpupool:leases"
 ADMIN_SCOPE = "custom:gpupool:admin"
 
@@ -83,9 +85,14 @@ class Authenticator:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def __call__(self, authorization: Annotated[str | None, Header()] = None) -> Caller:
+    async def __call__(
+        self, request: Request, authorization: Annotated[str | None, Header()] = None
+    ) -> Caller:
         """The FastAPI dependency: the caller of this request, or 401/403 saying what is wrong."""
-        token = _token_from_header(authorization)
+        return await self.check(token_of(request, authorization))
+
+    async def check(self, token: str) -> Caller:
+        """The token's owner, who must be allowed to use this service (403 otherwise)."""
         caller = await self.identify(token)
         access = {"access:services", f"access:services!service={self.service_name}"}
         if caller.scopes.isdisjoint(access | {LEASES_SCOPE, ADMIN_SCOPE}):
@@ -137,6 +144,17 @@ def caller_from_model(model: dict[str, Any]) -> Caller:
         groups=frozenset(model.get("groups") or ()),
         scopes=frozenset(model.get("scopes") or ()),
     )
+
+
+def token_of(request: Request, authorization: str | None) -> str:
+    """The request's token: from the ``Authorization`` header, or for reads (GET, HEAD) from the cookie a
+    browser got by logging in (:mod:`.browser_login`); a cookie never authorises a change, so another site
+    cannot make a logged-in browser release a lease."""
+    if authorization is None and request.method in ("GET", "HEAD"):
+        cookie = request.cookies.get(TOKEN_COOKIE)
+        if cookie:
+            return cookie
+    return _token_from_header(authorization)
 
 
 def _token_from_header(authorization: str | None) -> str:

@@ -6,28 +6,34 @@ devices that have been idle (below ``idle_threshold`` percent for at least ``idl
 now). Any other user with access to the service sees their own leases, their devices' latest readings, their
 idle devices and their GPU-hours held against used.
 
-Authentication: the page takes a JupyterHub API token as ``?token=…`` or in the ``Authorization`` header and
-checks it with the hub like every API call (:class:`.auth.Authenticator`); the page's script refreshes it
-every few seconds from the same address. (JupyterHub's OAuth for services would let a logged-in browser in
-without a token; it is not wired yet.)
+Authentication: a browser logged in to the hub is let in through JupyterHub's OAuth (:mod:`.browser_login`:
+no token to paste; the hub decides who the caller is and whether they are an admin). Scripts may send a
+JupyterHub API token as ``?token=…`` or in the ``Authorization`` header instead. Every request is checked
+with the hub like an API call (:class:`.auth.Authenticator`); the page's script refreshes it every few
+seconds from the same address.
+
+``GET {prefix}my/warnings`` answers the caller's pending cull warnings as JSON for the hub's home page
+(``hub_config/templates/home.html``), through the same login.
 
 Pure HTML building lives in :mod:`.dashboard_page`; :func:`held_idle` is the idle finder, pure too.
 """
 
 # No ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
+import contextlib
 import html
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
 from typing import Annotated, Any, Protocol
 
-from fastapi import APIRouter, Header, Query
-from fastapi.responses import HTMLResponse
+from fastapi import APIRouter, FastAPI, Header, HTTPException, Query, Request, Response, status
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from ..inventory import describe_pool
 from ..telemetry.aggregates import DEFAULT_USED_THRESHOLD, MinuteAggregate
 from ..telemetry.samples import Sample
-from .auth import Authenticator
+from .auth import TOKEN_COOKIE, Authenticator, Caller
+from .browser_login import BrowserLogin
 from .dashboard_page import (
     IdleDevice,
     QueuedLease,
@@ -41,6 +47,7 @@ from .dashboard_page import (
     summary_line,
     usage_table,
 )
+from .idle_api import Warnings
 from .leases import LeaseManager, describe
 from .store import Lease, LeaseState
 from .telemetry_loop import Telemetry
@@ -141,10 +148,36 @@ def dashboard_router(
     idle_threshold: float = DEFAULT_USED_THRESHOLD,
     idle_after: float = 60.0,
     clock: Callable[[], float] = time.time,
+    login: BrowserLogin | None = None,
+    warnings: Warnings | None = None,
 ) -> APIRouter:
-    """``GET {prefix}``: the admin dashboard or the caller's own page; to ``app.include_router``."""
+    """``GET {prefix}``: the admin dashboard or the caller's own page, and ``GET {prefix}my/warnings`` (the
+    caller's pending cull warnings, for the hub's home page); to ``app.include_router``. With ``login``, a
+    browser without a token is sent through the hub's OAuth first (and the callback route is added)."""
     base = "/" + prefix.strip("/")
-    router = APIRouter()
+
+    @contextlib.asynccontextmanager
+    async def closing(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if login is not None:
+            await login.aclose()
+
+    router = APIRouter(lifespan=closing)
+    if login is not None:
+        router.include_router(login.router())
+
+    async def browser_caller(request: Request, token: str | None, authorization: str | None) -> Caller | None:
+        """The caller, or None when the browser must log in first (no credentials, and a login to send it to)."""
+        if token:
+            authorization = f"token {token}"
+        if login is not None and authorization is None and not request.cookies.get(TOKEN_COOKIE):
+            return None
+        try:
+            return await auth(request, authorization)
+        except HTTPException as error:
+            if error.status_code == status.HTTP_403_FORBIDDEN and login is not None and not authorization:
+                return None  # the cookie's token expired or was revoked: log in again
+            raise
 
     def gather() -> tuple[dict[str, Any], list[Lease], dict[str, dict[str, Any]], list[IdleDevice]]:
         pool = manager.inspect(lambda state: describe_pool(state, backend, source))
@@ -164,12 +197,28 @@ def dashboard_router(
         )
         return pool, leases, latest, idle
 
-    @router.get(f"{base}/", response_class=HTMLResponse, include_in_schema=False)
-    async def dashboard(
+    @router.get(f"{base}/my/warnings", include_in_schema=False)
+    async def my_warnings(
+        request: Request,
         token: Annotated[str | None, Query(description="a JupyterHub API token")] = None,
         authorization: Annotated[str | None, Header()] = None,
-    ) -> HTMLResponse:
-        caller = await auth(authorization or (f"token {token}" if token else None))
+    ) -> Response:
+        caller = await browser_caller(request, token, authorization)
+        if caller is None:
+            assert login is not None
+            return login.start(request)
+        return JSONResponse([asdict(w) for w in warnings.pending(clock(), caller.name)] if warnings else [])
+
+    @router.get(f"{base}/", response_class=HTMLResponse, include_in_schema=False)
+    async def dashboard(
+        request: Request,
+        token: Annotated[str | None, Query(description="a JupyterHub API token")] = None,
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> Response:
+        caller = await browser_caller(request, token, authorization)
+        if caller is None:
+            assert login is not None
+            return login.start(request)
         pool, leases, latest, idle = gather()
         simulated = telemetry.simulated if telemetry.history.last_time is not None else backend == "simulated"
         note = f"below {idle_threshold:g}% for at least {idle_after / 60:g} min"

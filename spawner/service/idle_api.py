@@ -12,23 +12,26 @@ model, so the service answers what only it knows:
 - ``POST {prefix}api/v1/warnings``: the hook records "this server will be culled at T because …" before it
   culls; ``GET {prefix}api/v1/warnings`` lists the pending ones (for ``GpuMonitor`` and the hub's pages);
   ``DELETE {prefix}api/v1/warnings/{user}?server=NAME`` withdraws one when the server is active again.
+- ``POST {prefix}api/v1/culls``: the hook reports the cull itself, with the limit reached; counted in
+  ``gpupool_culls_total{limit=…}`` on the metrics page.
 
 Warnings live in memory: a restarted service forgets them, so the hook warns again and the cull comes one
 warning period later, the safe direction. A warning whose lease has been released is dropped when read.
 
 Who may do what: reading activity and warnings needs a token allowed to see the lease's user (users their
 own, ``custom:gpupool:admin`` and ``custom:gpupool:leases`` everyone's); recording and withdrawing warnings
-needs ``custom:gpupool:admin`` or ``custom:gpupool:leases`` (the culler's role).
+and reporting culls needs ``custom:gpupool:admin`` or ``custom:gpupool:leases`` (the culler's role).
 """
 
 # No ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, status
 from pydantic import BaseModel, Field
@@ -39,6 +42,8 @@ from .auth import Authenticator, Caller
 from .leases import LeaseManager
 from .store import Lease, LeaseNotFound, LeaseState
 from .telemetry_loop import Telemetry
+
+log = logging.getLogger(__name__)
 
 SERVICE_PREFIX = "/services/gpupool/"
 THRESHOLD_ENV = "GPUPOOL_GPU_IDLE_THRESHOLD"
@@ -64,6 +69,18 @@ class WarningIn(BaseModel):
     server: str = Field("", description="the server's name; empty for the default server")
     lease_id: str | None = Field(None, description="the server's lease; the warning ends with it")
     cull_at: float = Field(description="when the server will be stopped at the earliest (epoch seconds)")
+    reason: str = Field(min_length=1, description="why, in words a user reads")
+
+
+class CullIn(BaseModel):
+    """``POST culls``: the culler says it is stopping a server now, and which limit it reached."""
+
+    user: str = Field(min_length=1)
+    server: str = Field("", description="the server's name; empty for the default server")
+    lease_id: str | None = Field(None, description="the server's lease")
+    limit: Literal["max_lifetime", "gpu_idle_timeout", "idle_timeout"] = Field(
+        description="the profile limit the server reached"
+    )
     reason: str = Field(min_length=1, description="why, in words a user reads")
 
 
@@ -120,6 +137,7 @@ def idle_router(
     prefix: str = SERVICE_PREFIX,
     threshold: float = DEFAULT_THRESHOLD_PERCENT,
     clock: Callable[[], float] = time.time,
+    warnings: Warnings | None = None,
 ) -> APIRouter:
     """The routes, to ``app.include_router`` next to the telemetry router (same ``prefix``).
 
@@ -128,7 +146,7 @@ def idle_router(
     """
     base = "/" + prefix.strip("/") + "/api/v1"
     tracker = ActivityTracker(threshold)
-    warnings = Warnings(manager)
+    warnings = warnings if warnings is not None else Warnings(manager)
     by_slug = {p.slug: p for p in profiles}
     fold_every = min(30.0, telemetry.history.window_seconds / 4)
 
@@ -231,6 +249,12 @@ def idle_router(
         warning = CullWarning(body.user, body.server, body.lease_id, body.cull_at, body.reason, warned_at)
         warnings.put(warning)
         return asdict(warning)
+
+    @router.post("/culls", status_code=status.HTTP_204_NO_CONTENT, summary="Record that a server is culled")
+    async def post_cull(body: CullIn, caller: CallerDep) -> None:
+        must_manage(caller)
+        manager.culls[body.limit] += 1
+        log.info("%s/%s (lease %s) culled: %s", body.user, body.server, body.lease_id, body.reason)
 
     @router.get("/warnings", summary="Pending cull warnings: the caller's own, or a user's, or all (admins)")
     async def get_warnings(

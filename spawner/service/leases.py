@@ -67,6 +67,8 @@ class LeaseManager:
         self.quotas = quotas
         # requests not granted at once, by why: "queued" (no room now), "quota", "never_fits" (for /metrics)
         self.refusals: collections.Counter[str] = collections.Counter()
+        # servers the idle culler stopped, by the profile limit reached (reported by its hook, see idle_api)
+        self.culls: collections.Counter[str] = collections.Counter()
         self.usage_window = usage_window
         self._clock = clock
         self._lock = threading.RLock()

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Response, status
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, Response, status
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -90,11 +90,11 @@ def telemetry_router(
     CallerDep = Annotated[Caller, Depends(auth)]
 
     async def metrics_caller(
-        authorization: Annotated[str | None, Depends(_authorization_header)] = None,
+        request: Request, authorization: Annotated[str | None, Depends(_authorization_header)] = None
     ) -> Caller | None:
         if public_metrics:
             return None
-        caller = await auth(authorization)
+        caller = await auth(request, authorization)
         if not caller.is_admin:
             raise HTTPException(
                 status.HTTP_403_FORBIDDEN,
@@ -248,6 +248,14 @@ def _families(manager: LeaseManager, telemetry: Telemetry, now: float) -> Iterab
     for reason in ("queued", "quota", "never_fits"):
         refused.add_metric([reason], manager.refusals[reason])
     yield refused
+    culls = CounterMetricFamily(
+        "gpupool_culls",
+        "Servers the idle culler stopped since the service started, by the profile limit they reached",
+        labels=["limit"],
+    )
+    for limit in ("idle_timeout", "gpu_idle_timeout", "max_lifetime"):
+        culls.add_metric([limit], manager.culls[limit])
+    yield culls
     yield GaugeMetricFamily(
         "gpupool_queue_wait_seconds_max",
         "How long the longest-waiting queued lease has waited (0 when the queue is empty)",
