@@ -1,5 +1,5 @@
-"""The ``gpupool`` command: run the hub, read a pool, check MIG layouts, benchmark placement policies, and
-submit and follow training jobs."""
+"""The ``gpupool`` command: run the hub, read a pool, check MIG layouts, benchmark placement policies,
+submit and follow training jobs, and print the service's Kubernetes manifests."""
 
 from __future__ import annotations
 
@@ -8,16 +8,25 @@ import importlib
 import json
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from .backends.discovery import discover_pool
 from .backends.simulated import PoolFileError
 from .bench.placement import run_placement
 from .bench.trace import TraceError, load_nodes, load_pods
+from .files.profiles_file import EXAMPLE_PROFILES, load_profiles
+from .files.quotas_file import QuotaFileError, load_quotas
 from .hub import up
 from .inventory import describe_pool, render_pool
+from .kube.deploy import ServiceDeployment, service_manifests
+from .kube.manifests import ManifestError
 from .pool import mig
 from .pool.policies import POLICIES
+from .pool.profiles import ProfileError
 from .pool.state import PoolState
 
 JOB_COMMANDS = ("submit", "jobs", "logs", "cancel")
@@ -33,7 +42,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return code
         result: int = args.handler(args)
         return result
-    except (PoolFileError, TraceError, mig.NotMigCapable, mig.UnknownMigProfile, up.UpError) as error:
+    except (
+        PoolFileError,
+        TraceError,
+        mig.NotMigCapable,
+        mig.UnknownMigProfile,
+        up.UpError,
+        ProfileError,
+        QuotaFileError,
+        ManifestError,
+    ) as error:
         print(f"gpupool: {error}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `gpupool pool --json | head`: the reader has what it wanted
@@ -111,6 +129,35 @@ def _parser() -> argparse.ArgumentParser:
     )
     placement.add_argument("--json", action="store_true")
     placement.set_defaults(handler=_bench_placement)
+
+    kube = commands.add_parser("kube", help="gpupool on Kubernetes")
+    kube_commands = kube.add_subparsers(dest="kube_command", required=True)
+    manifests = kube_commands.add_parser(
+        "manifests",
+        help="print the gpupool service's Deployment, Service, ConfigMap and RBAC as YAML for kubectl apply -f -",
+    )
+    manifests.add_argument("--namespace", required=True, help="where the hub and the service run")
+    manifests.add_argument(
+        "--image",
+        default=f"gpupool-hub:{version('jupyterhub-gpupool')}",
+        help="the hub image with gpupool (images/hub/Dockerfile), e.g. registry.example.org/gpupool-hub:0.1.0",
+    )
+    manifests.add_argument("--user-namespace", help="where users' pods and Jobs run (default: --namespace)")
+    manifests.add_argument(
+        "--profiles",
+        metavar="FILE",
+        default=str(EXAMPLE_PROFILES),
+        help="profiles file (default: the example)",
+    )
+    manifests.add_argument("--quotas", metavar="FILE", help="quotas file (default: nobody is limited)")
+    manifests.add_argument("--policy", default="gpupool", choices=sorted(POLICIES))
+    manifests.add_argument(
+        "--hub-api-url", default="http://hub:8081/hub/api", help="the hub's API as the service reaches it"
+    )
+    manifests.add_argument(
+        "--db-secret", default="gpupool-db", metavar="NAME", help="Secret whose key 'url' is the database URL"
+    )
+    manifests.set_defaults(handler=_kube_manifests)
 
     _job_commands().add_job_commands(commands)
     _admin_commands().add_admin_commands(commands)
@@ -217,6 +264,26 @@ def _bench_placement(args: argparse.Namespace) -> int:
         f"  fragmented at {round(args.inflate * 100)}% arrived: {run.frag_pct_130}% of GPUs; "
         f"decision p50 {run.p50_us} µs, p99 {run.p99_us} µs"
     )
+    return 0
+
+
+def _kube_manifests(args: argparse.Namespace) -> int:
+    """The files are checked as the service would check them, so a bad one fails here, not in the pod."""
+    load_profiles(args.profiles)
+    if args.quotas:
+        load_quotas(args.quotas)
+    settings = ServiceDeployment(
+        namespace=args.namespace,
+        image=args.image,
+        user_namespace=args.user_namespace,
+        hub_api_url=args.hub_api_url,
+        db_secret=args.db_secret,
+        quotas=bool(args.quotas),
+        policy=args.policy,
+    )
+    quotas = Path(args.quotas).read_text() if args.quotas else None
+    documents = service_manifests(settings, Path(args.profiles).read_text(), quotas)
+    sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False, explicit_start=True))
     return 0
 
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from hub_harness import SERVICE, RunningHub, free_ports, write_hub_config
+from prometheus_client.parser import text_string_to_metric_families
 from test_local_spawner import (
     ADMIN_SCOPES,
     ADMIN_TOKEN,

@@ -1,0 +1,401 @@
+"""The lease half of gpupool's spawners: ask the service for devices, wait in its queue, give them back.
+
+:class:`GpuLeasing` is mixed into a JupyterHub spawner class (``LocalProcessSpawner`` in :mod:`.spawner`,
+``KubeSpawner`` in :mod:`.kube_spawner`); it never picks a device itself, the service's lease names them.
+
+Lifecycle contract, on top of JupyterHub's:
+
+- ``apply_user_options`` (and again ``start``): resolve the ``profile`` slug (none: the default profile); an
+  unknown one is a 400 listing the slugs the user may start, one the user's groups may not use a 403.
+- ``start()``: release any lease the service still holds for this server (a crash of the hub or the service
+  left it), then create a lease; while it is queued, poll it every ``lease_poll_interval`` seconds and report
+  the queue position through ``progress()`` (a service that does not answer meanwhile is waited for: it
+  restores the queue from its store); give up shortly before ``start_timeout``, releasing the lease, with a
+  message saying what it waited for. Once granted, :meth:`GpuLeasing.apply_lease` pins the server to it and
+  the base spawner starts it.
+- ``get_state``/``load_state`` keep the lease id beside the base spawner's state, so a restarted hub still
+  knows it.
+- ``stop()``, or a ``poll()`` that finds the server gone: the lease is released, once per spawner (the
+  service makes a repeated release change nothing, so a hub restart between the two is harmless too).
+  ``clear_state`` never forgets a lease that was not released: it is kept for the next release attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from jupyterhub.spawner import Spawner, SpawnException  # type: ignore[import-untyped]
+from traitlets import Float, Unicode, default, validate
+
+from ..device_env import device_env
+from ..files.profiles_file import EXAMPLE_PROFILES, load_profiles
+from ..pool.profiles import Profile, UnknownProfile
+from . import form
+from .service_client import ServiceClient, ServiceError
+
+SERVICE_PREFIX = "services/gpupool/"
+TOKEN_ENV = "GPUPOOL_API_TOKEN"
+_STATE_KEY = "gpupool_lease_id"
+_SERVICE_DOWN = (0, 502, 503, 504)  # unreachable, or the proxy's answer while the service is down
+
+
+@lru_cache(maxsize=8)
+def _profiles_at(path: str, mtime_ns: int) -> tuple[Profile, ...]:
+    """The profiles of ``path``, parsed again only when the file changes (``mtime_ns`` is the cache key)."""
+    del mtime_ns
+    return load_profiles(path)
+
+
+def read_profiles(path: str) -> tuple[Profile, ...]:
+    """The profiles in the file at ``path``; raises the loader's error (naming the file and field) when bad."""
+    return _profiles_at(path, Path(path).stat().st_mtime_ns)
+
+
+def lease_env(lease: Mapping[str, Any], service_url: str) -> dict[str, str]:
+    """The environment pinning a server to ``lease`` (a service ``LeaseOut``): its device UUIDs, comma-joined,
+    in ``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES``; for a CPU-only lease no CUDA device and the
+    container runtime's ``void``."""
+    uuids = ",".join(str(device["uuid"]) for device in lease.get("devices") or ())
+    return {
+        **device_env(uuids),
+        "GPUPOOL_LEASE_ID": str(lease["id"]),
+        "GPUPOOL_SERVICE_URL": service_url,
+        "GPUPOOL_PROFILE": str(lease["profile"]),
+    }
+
+
+def _loopback(url: str) -> str:
+    """``url`` with an empty or wildcard host replaced by 127.0.0.1, so the hub can call itself through it."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if host in ("", "0.0.0.0", "::"):
+        netloc = "127.0.0.1" + (f":{parts.port}" if parts.port else "")
+        parts = parts._replace(netloc=netloc)
+    return urlunsplit(parts)
+
+
+class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its classes are Any
+    """The lease half of a GPU spawner: put it before a concrete spawner class among the bases, e.g.
+    ``class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner)``; see the module docstring.
+
+    A subclass says what a granted lease means for its servers in :meth:`apply_lease`; the rest (asking,
+    queueing with progress events, keeping the lease in the state, releasing it exactly once) is here.
+    """
+
+    service_url = Unicode(
+        config=True,
+        help="""The gpupool service's base URL (its prefix, with a trailing slash), as the hub reaches it.
+
+        Default: the proxy's public URL (a wildcard host becomes 127.0.0.1) plus ``services/gpupool/``, which
+        suits the embedded hub. Set it to the service's own address to skip the proxy::
+
+            c.LocalGPUSpawner.service_url  # or c.KubeGPUSpawner = "http://127.0.0.1:10101/services/gpupool/"
+
+        It is also what the single-user server gets in ``GPUPOOL_SERVICE_URL``.
+        """,
+    )
+
+    service_api_token = Unicode(
+        config=True,
+        help=f"""The hub's API token for the gpupool service: a JupyterHub service token whose role grants
+        ``custom:gpupool:leases`` (create and release leases for any user). Default: ``${TOKEN_ENV}``.
+        For example::
+
+            c.JupyterHub.services.append({{"name": "gpupool-spawner", "api_token": token}})
+            c.JupyterHub.load_roles.append({{"name": "gpupool-spawner", "services": ["gpupool-spawner"],
+                "scopes": ["custom:gpupool:leases", "access:services!service=gpupool"]}})
+            c.LocalGPUSpawner.service_api_token = token  # or c.KubeGPUSpawner
+        """,
+    )
+
+    profiles_file = Unicode(
+        str(EXAMPLE_PROFILES),
+        config=True,
+        help="""The profiles file (YAML) the spawn form offers; give the service the same file
+        (``GPUPOOL_PROFILES``). It is read and checked when set, so a bad file stops the hub at start-up::
+
+            c.LocalGPUSpawner.profiles_file = "/etc/jupyterhub/profiles.yaml"
+
+        Default: the shipped example, ``hub_config/profiles.yaml``.
+        """,
+    )
+
+    lease_poll_interval = Float(
+        1.0,
+        config=True,
+        help="""Seconds between looks at a queued lease while a spawn waits for free devices, e.g. ``2.5``.
+        Each look is one cheap API call; the wait ends shortly before ``start_timeout``.""",
+    )
+
+    lease_id = Unicode("", help="The gpupool lease this server holds ('' when none); kept in the state.")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lease_env: dict[str, str] = {}
+        self._released: set[str] = set()
+        self._unreleased: set[str] = set()  # leases clear_state took off lease_id before they were released
+        self._events: list[dict[str, Any]] = []
+        self._starting = False
+
+    # ---- configuration ---------------------------------------------------------------------------------
+
+    @default("service_url")
+    def _default_service_url(self) -> str:
+        proxy = (self.user.settings or {}).get("proxy") if self.user is not None else None
+        public = getattr(proxy, "public_url", "") or "http://127.0.0.1:8000/"
+        return _loopback(public.rstrip("/") + "/" + SERVICE_PREFIX)
+
+    @validate("service_url")
+    def _validate_service_url(self, proposal: dict[str, Any]) -> str:
+        url = str(proposal["value"])
+        if urlsplit(url).scheme not in ("http", "https"):
+            raise ValueError(f"service_url must be an http(s) URL, not {url!r}")
+        return url.rstrip("/") + "/"
+
+    @default("service_api_token")
+    def _default_service_api_token(self) -> str:
+        return os.environ.get(TOKEN_ENV, "")
+
+    @validate("profiles_file")
+    def _validate_profiles_file(self, proposal: dict[str, Any]) -> str:
+        path = str(proposal["value"])
+        read_profiles(path)  # fail now, naming the file and the field
+        return path
+
+    @validate("lease_poll_interval")
+    def _validate_poll_interval(self, proposal: dict[str, Any]) -> float:
+        value = float(proposal["value"])
+        if value <= 0:
+            raise ValueError(f"lease_poll_interval must be more than 0 seconds, not {value}")
+        return value
+
+    # ---- profiles ----------------------------------------------------------------------------------------
+
+    @property
+    def profiles(self) -> tuple[Profile, ...]:
+        return read_profiles(self.profiles_file)
+
+    @property
+    def user_groups(self) -> list[str]:
+        return sorted(group.name for group in self.user.groups)
+
+    def service(self) -> ServiceClient:
+        """A client of the service with the hub's token; a missing token is a clear error."""
+        if not self.service_api_token:
+            raise SpawnException(
+                f"gpupool is not configured: set c.{type(self).__name__}.service_api_token (or ${TOKEN_ENV}) "
+                "to a hub service token with the custom:gpupool:leases scope",
+                reason="gpupool_config",
+                status_code=500,
+            )
+        return ServiceClient(self.service_url, self.service_api_token)
+
+    def resolve_profile(self, user_options: Mapping[str, Any] | None = None) -> Profile:
+        """The profile ``user_options`` names (the default profile when it names none); raises a
+        :class:`SpawnException` (400 unknown slug, 403 not for this user's groups) the user can read."""
+        options = dict(self.user_options if user_options is None else user_options)
+        profiles = self.profiles
+        groups, admin = self.user_groups, bool(self.user.admin)
+        if form.FIELD not in options:
+            usable = [p for p in profiles if p.visible_to(groups, admin)]
+            chosen = next((p for p in usable if p.default), usable[0] if usable else None)
+            options[form.FIELD] = chosen.slug if chosen else ""
+        try:
+            return form.profile_from_form(form.formdata_from_body(options), profiles, groups, admin)
+        except UnknownProfile as error:
+            raise SpawnException(str(error), reason="unknown_profile", status_code=400) from error
+        except PermissionError as error:
+            raise SpawnException(str(error), reason="profile_forbidden", status_code=403) from error
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore the base spawner's state and the lease after a hub restart."""
+        super().load_state(state)
+        self.lease_id = str(state.get(_STATE_KEY) or "")
+
+    def get_state(self) -> dict[str, Any]:
+        """The base spawner's state and the lease id, so a restarted hub can release the lease later."""
+        state: dict[str, Any] = super().get_state()
+        if self.lease_id:
+            state[_STATE_KEY] = self.lease_id
+        return state
+
+    def clear_state(self) -> None:
+        """Forget the state and the lease; a lease not yet released stays queued for :meth:`release_lease`."""
+        super().clear_state()
+        if self.lease_id and self.lease_id not in self._released:
+            self._unreleased.add(self.lease_id)
+        self.lease_id = ""
+        self._lease_env = {}
+
+    def get_env(self) -> dict[str, str]:
+        """The base spawner's environment plus the lease's (set by :meth:`apply_lease`)."""
+        env: dict[str, str] = super().get_env()
+        env.update(self._lease_env)
+        return env
+
+    def _emit(self, message: str, progress: int | None = None) -> None:
+        event: dict[str, Any] = {"message": message}
+        if progress is not None:
+            event["progress"] = progress
+        self._events.append(event)
+
+    async def progress(self) -> AsyncIterator[dict[str, Any]]:
+        """Events from :meth:`start`: the lease request, each change of queue position, the grant."""
+        sent = 0
+        while True:
+            while sent < len(self._events):
+                yield self._events[sent]
+                sent += 1
+            if not self._starting:
+                return
+            await asyncio.sleep(min(0.25, self.lease_poll_interval))
+
+    def apply_lease(self, lease: Mapping[str, Any]) -> None:
+        """Make the server use ``lease`` (a granted service ``LeaseOut``); called by :meth:`start` before the
+        base spawner starts. The default sets the lease's environment (:func:`lease_env`)."""
+        self._lease_env = lease_env(lease, self.service_url)
+
+    async def start(self) -> Any:
+        """Lease devices (waiting in the queue if need be), apply the lease, start the server."""
+        self._events = []
+        self._starting = True
+        try:
+            await self.release_lease()  # anything a previous run left behind
+            profile = self.resolve_profile()
+            service = self.service()
+            await self._release_leftovers(service)
+            self._emit(f"Asking gpupool for {profile.display_name} ({profile.gpu_description()})", 10)
+            lease = await self._lease(service, profile)
+            self.apply_lease(lease)
+            devices = ", ".join(d["label"] for d in lease["devices"]) or "no GPU"
+            self._emit(f"Granted {devices}; starting the server", 60)
+            try:
+                return await super().start()
+            except BaseException:
+                await self.release_lease()
+                raise
+        finally:
+            self._starting = False
+
+    async def _release_leftovers(self, service: ServiceClient) -> None:
+        """Release every active lease the service still holds for this server before asking for a new one.
+
+        A hub killed while this server's lease was queued (or granted, before its state reached the database)
+        forgets the lease id, and a service killed while a spawn waited keeps a lease the spawner could not
+        release. Reconciliation releases such a lease only while the server is not running or pending, so a
+        user who starts again at once would hold two leases, the old one first in the queue. The hub starts
+        one spawn per server at a time, so no lease of this server can belong to a live start. An unreachable
+        service is left to the request that follows, which fails with the clearer message.
+        """
+        try:
+            leases = await service.active_leases(self.user.name)
+        except ServiceError as error:
+            self.log.warning("gpupool: could not list %s's leases before starting: %s", self._log_name, error)
+            return
+        mine = [
+            str(lease["id"])
+            for lease in leases
+            if lease.get("user") == self.user.name
+            and lease.get("owner_kind") == "server"
+            and lease.get("owner_name") == self.name
+        ]
+        for lease_id in mine:
+            self.log.warning("gpupool: %s left lease %s behind; releasing it", self._log_name, lease_id)
+            self._unreleased.add(lease_id)
+        await self.release_lease()
+
+    async def _lease(self, service: ServiceClient, profile: Profile) -> dict[str, Any]:
+        """A granted lease for ``profile``, or an error after releasing whatever was asked for."""
+        try:
+            lease = await service.create_lease(
+                self.user.name, self.user_groups, profile.slug, owner_kind="server", owner_name=self.name
+            )
+        except ServiceError as error:
+            raise self._refused(error) from error
+        self.lease_id = str(lease["id"])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(1.0, self.start_timeout - max(2.0, self.lease_poll_interval))
+        said, down = "", False
+        try:
+            while lease["state"] == "queued":
+                message = lease.get("waiting_message") or f"Waiting for {profile.gpu_description()}"
+                if message != said:
+                    self._emit(message)
+                    said = message
+                if loop.time() >= deadline:
+                    raise SpawnException(
+                        f"Gave up after {self.start_timeout:g}s in the queue for {profile.display_name} "
+                        f"({message}); try again later or choose another profile",
+                        reason="gpupool_queue_timeout",
+                        status_code=503,
+                    )
+                await asyncio.sleep(self.lease_poll_interval)
+                try:
+                    lease = await service.get_lease(self.lease_id)
+                except ServiceError as error:
+                    # The service restarting (killed, upgraded) is not the end of the wait: it restores the
+                    # queue from its store, so keep asking until the deadline. Any other answer ends it.
+                    if error.status not in _SERVICE_DOWN:
+                        raise
+                    if not down:
+                        self.log.warning("gpupool: %s: %s; still waiting", self._log_name, error)
+                        self._emit("The gpupool service is not answering; still waiting")
+                        down = True
+                    continue
+                down = False
+            if lease["state"] != "granted":
+                raise SpawnException(
+                    f"The lease for {profile.display_name} ended before it was granted: "
+                    f"{lease.get('release_reason') or lease['state']}",
+                    reason="gpupool_lease_released",
+                    status_code=503,
+                )
+        except BaseException:
+            await self.release_lease()
+            raise
+        return lease
+
+    @staticmethod
+    def _refused(error: ServiceError) -> SpawnException:
+        status = error.status if error.status in (400, 403, 409) else 503
+        return SpawnException(f"gpupool: {error.detail}", reason=f"gpupool_{error.error}", status_code=status)
+
+    async def release_lease(self) -> None:
+        """Release the current lease and any that :meth:`clear_state` set aside, each once; an error is
+        logged and the lease kept for the next attempt (the service's reconciliation is the last resort)."""
+        pending = self._unreleased | ({self.lease_id} if self.lease_id else set())
+        for lease_id in sorted(pending - self._released):
+            try:
+                await self.service().release_lease(lease_id)
+            except ServiceError as error:
+                if error.status != 404:
+                    self.log.error("gpupool: could not release lease %s: %s", lease_id, error)
+                    continue
+            except SpawnException as error:
+                self.log.error("gpupool: could not release lease %s: %s", lease_id, error)
+                continue
+            self.log.info("gpupool: released lease %s of %s", lease_id, self._log_name)
+            self._released.add(lease_id)
+            self._unreleased.discard(lease_id)
+
+    async def poll(self) -> int | None:
+        """JupyterHub's poll; a server found gone also releases its lease."""
+        status: int | None = await super().poll()
+        if status is not None and not self._starting:
+            await self.release_lease()
+        return status
+
+    async def stop(self, now: bool = False) -> None:
+        """Stop the server as the base spawner does, then release the lease."""
+        try:
+            await super().stop(now=now)
+        finally:
+            await self.release_lease()
