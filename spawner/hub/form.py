@@ -144,6 +144,36 @@ def _memory(profile: Profile) -> str:
     return f"{profile.memory_mib / 1024:g} GiB memory"
 
 
+def profile_list(choices: Sequence[ProfileChoice]) -> list[dict[str, object]]:
+    """KubeSpawner's ``profile_list`` for the usable choices (its form has no disabled rows, so a profile the
+    user may not use, or that never fits, is left out): display name, slug, and a description that carries
+    the live availability. No ``kubespawner_override``: the granted lease, not the form, sets the pod's
+    resources, node and environment."""
+    usable = [c for c in choices if c.usable]
+    default = next((c for c in usable if c.profile.default), usable[0] if usable else None)
+    rows: list[dict[str, object]] = []
+    for choice in usable:
+        profile = choice.profile
+        live = (
+            f"{choice.available_now} can start now"
+            if choice.available_now
+            else f"none free now, {choice.queued} waiting: you would queue"
+        )
+        details = f"{profile.gpu_description()} · {_cpu(profile)} · {_memory(profile)} · {live}"
+        if choice.simulated:
+            details += " (simulated pool)"
+        description = f"{profile.description} — {details}" if profile.description else details
+        row: dict[str, object] = {
+            "display_name": profile.display_name,
+            "slug": profile.slug,
+            "description": description,
+        }
+        if choice is default:
+            row["default"] = True
+        rows.append(row)
+    return rows
+
+
 # ---- reading the choice back ---------------------------------------------------------------------------
 
 

@@ -142,6 +142,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         self._unreleased: set[str] = set()  # leases clear_state took off lease_id before they were released
         self._events: list[dict[str, Any]] = []
         self._starting = False
+        self._granted = False  # the current start holds a granted lease; the base spawner's part has begun
 
     # ---- configuration ---------------------------------------------------------------------------------
 
@@ -248,13 +249,14 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         self._events.append(event)
 
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
-        """Events from :meth:`start`: the lease request, each change of queue position, the grant."""
+        """Events from :meth:`start` up to the grant: the lease request, each change of queue position, the
+        grant itself. A subclass may follow them with its base spawner's own (see :mod:`.kube_spawner`)."""
         sent = 0
         while True:
             while sent < len(self._events):
                 yield self._events[sent]
                 sent += 1
-            if not self._starting:
+            if not self._starting or self._granted:
                 return
             await asyncio.sleep(min(0.25, self.lease_poll_interval))
 
@@ -267,6 +269,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         """Lease devices (waiting in the queue if need be), apply the lease, start the server."""
         self._events = []
         self._starting = True
+        self._granted = False
         try:
             await self.release_lease()  # anything a previous run left behind
             profile = self.resolve_profile()
@@ -277,6 +280,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
             self.apply_lease(lease)
             devices = ", ".join(d["label"] for d in lease["devices"]) or "no GPU"
             self._emit(f"Granted {devices}; starting the server", 60)
+            self._granted = True
             try:
                 return await super().start()
             except BaseException:
@@ -399,3 +403,8 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
             await super().stop(now=now)
         finally:
             await self.release_lease()
+
+
+def check_user_options(spawner: GpuLeasing, user_options: Mapping[str, Any]) -> None:
+    """``apply_user_options``: refuse an unknown or forbidden profile before anything starts."""
+    spawner.resolve_profile(user_options)

@@ -26,7 +26,7 @@ from jupyterhub.spawner import (  # type: ignore[import-untyped]
 from traitlets import Unicode, default
 
 from . import form
-from .leasing import GpuLeasing, lease_env, read_profiles
+from .leasing import GpuLeasing, check_user_options, lease_env, read_profiles
 from .service_client import Availability, ServiceError
 
 
@@ -52,7 +52,7 @@ class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner):  # type: ignore[misc]  #
 
     @default("apply_user_options")
     def _default_apply_user_options(self) -> Any:
-        return _check_user_options
+        return check_user_options
 
     # ---- the form ----------------------------------------------------------------------------------------
 
@@ -78,11 +78,6 @@ def _profile_from_formdata(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
     """``options_from_form``: the form's radio as ``{"profile": slug}`` (checked later, in one place)."""
     values = [v for v in formdata.get(form.FIELD, []) if v.strip()]
     return {form.FIELD: values[0].strip()} if values else {}
-
-
-def _check_user_options(spawner: LocalGPUSpawner, user_options: Mapping[str, Any]) -> None:
-    """``apply_user_options``: refuse an unknown or forbidden profile before anything starts."""
-    spawner.resolve_profile(user_options)
 
 
 class SimpleLocalGPUSpawner(LocalGPUSpawner, SimpleLocalProcessSpawner):  # type: ignore[misc]  # untyped base

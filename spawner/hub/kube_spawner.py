@@ -1,0 +1,141 @@
+"""``KubeGPUSpawner``: KubeSpawner with gpupool's profiles, queue and leases.
+
+The lease lifecycle is :class:`.leasing.GpuLeasing`'s (ask, queue with progress, release exactly once); what
+Kubernetes adds:
+
+- ``profile_list`` comes from gpupool's profiles file, each with live availability in its description,
+  showing only the profiles the user's groups may use. KubeSpawner renders it and sends
+  ``{"profile": slug}``, the same body a REST spawn sends.
+- A granted lease names a node and extended resources (``kubernetes`` in the service's lease: the service
+  runs its Kubernetes backend). :meth:`KubeGPUSpawner.apply_lease` turns them into the pod's resource limits
+  and requests, a required node affinity to that node, the GPU toleration (added to the configured ones), the
+  ``gpupool.io/lease`` and ``gpupool.io/user`` labels and the ``GPUPOOL_*`` environment
+  (:func:`gpupool.spawner.kube.pods.server_pod_overrides`). The device plugin picks the device on the node.
+- ``progress()``: gpupool's own events while the lease is asked for and queued, then the pod's Kubernetes
+  events said as plain sentences (:func:`gpupool.spawner.kube.events.plain_event`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from jupyterhub.spawner import SpawnException  # type: ignore[import-untyped]
+from kubespawner import KubeSpawner
+from traitlets import default
+
+from ..kube.events import plain_event
+from ..kube.grant import KubeGrant
+from ..kube.manifests import ManifestError
+from ..kube.pods import server_pod_overrides
+from . import form
+from .leasing import GpuLeasing, check_user_options
+from .service_client import Availability, ServiceError
+
+# the KubeSpawner traits a lease sets; what the admin configured is kept and the lease's part added to it
+_MERGED = ("node_affinity_required", "tolerations", "extra_labels", "extra_annotations", "environment")
+_REPLACED = (
+    "extra_resource_limits",
+    "extra_resource_guarantees",
+    "cpu_limit",
+    "cpu_guarantee",
+    "mem_limit",
+    "mem_guarantee",
+)
+
+
+async def _profile_list(spawner: KubeGPUSpawner) -> list[dict[str, object]]:
+    """``profile_list`` as a callable: KubeSpawner awaits it each time the form is shown and at start."""
+    return await spawner.gpupool_profile_list()
+
+
+class KubeGPUSpawner(GpuLeasing, KubeSpawner):  # type: ignore[misc]  # KubeSpawner is untyped
+    """A KubeSpawner whose pods run on the node and devices of a gpupool lease; see the module docstring.
+
+    Configure the service with ``service_url`` (the gpupool Service's in-cluster address, e.g.
+    ``http://gpupool:10101/services/gpupool/``) and ``service_api_token``, and the profiles with
+    ``profiles_file``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._configured: dict[str, Any] | None = None
+
+    @default("profile_list")
+    def _default_profile_list(self) -> Any:
+        return _profile_list
+
+    @default("apply_user_options")
+    def _default_apply_user_options(self) -> Any:
+        return check_user_options
+
+    async def gpupool_profile_list(self) -> list[dict[str, object]]:
+        """The profiles this user may start, with what could start now; without the service, still listed."""
+        try:
+            live = await self.service().availability(self.user.name)
+        except (ServiceError, SpawnException) as error:
+            self.log.warning("gpupool: no availability for the spawn form: %s", error)
+            live = Availability({}, {}, "")
+        choices = form.choices_for(
+            self.profiles,
+            self.user_groups,
+            bool(self.user.admin),
+            live.counts,
+            live.never_fits,
+            simulated=live.backend == "simulated",
+        )
+        return form.profile_list(choices)
+
+    def apply_lease(self, lease: Mapping[str, Any]) -> None:
+        """Set the pod's resources, node, toleration, labels and environment from the granted ``lease``."""
+        placed = lease.get("kubernetes")
+        if not isinstance(placed, Mapping) or not placed.get("node"):
+            raise SpawnException(
+                "gpupool's lease names no Kubernetes node: the gpupool service must run its Kubernetes backend "
+                "(GPUPOOL_BACKEND=kubernetes) for KubeGPUSpawner",
+                reason="gpupool_config",
+                status_code=500,
+            )
+        profile = self.resolve_profile()
+        try:
+            overrides = server_pod_overrides(
+                KubeGrant(
+                    str(placed["node"]), {str(k): int(v) for k, v in (placed.get("limits") or {}).items()}
+                ),
+                lease_id=str(lease["id"]),
+                user=self.user.name,
+                profile=profile.slug,
+                cpu_milli=profile.cpu_milli,
+                memory_mib=profile.memory_mib,
+                service_url=self.service_url,
+            )
+        except ManifestError as error:
+            raise SpawnException(f"gpupool: {error}", reason="gpupool_manifest", status_code=500) from error
+        if self._configured is None:  # the admin's settings, before any lease touched them
+            self._configured = {name: copy.deepcopy(getattr(self, name)) for name in _MERGED + _REPLACED}
+        configured = self._configured
+        values: dict[str, Any] = dict(overrides)
+        for name in _REPLACED:
+            setattr(self, name, values[name])
+        for name in ("node_affinity_required", "tolerations"):
+            setattr(self, name, [*configured[name], *values[name]])
+        for name in ("extra_labels", "extra_annotations", "environment"):
+            setattr(self, name, {**configured[name], **values[name]})
+        self._lease_env = {}  # the pod's environment carries it, and never device UUIDs (the plugin's part)
+
+    async def progress(self) -> AsyncIterator[dict[str, Any]]:
+        """gpupool's events until the lease is granted, then the pod's events in plain words."""
+        async for event in GpuLeasing.progress(self):
+            yield event
+        if not self._granted:
+            return
+        async for event in KubeSpawner.progress(self):
+            raw = event.get("raw_event")
+            if raw:
+                event = {**event, "message": plain_event(str(raw.get("reason") or ""), str(raw["message"]))}
+                event.pop("raw_event")
+            yield event
+
+
+__all__: Sequence[str] = ("KubeGPUSpawner",)
