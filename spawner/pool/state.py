@@ -7,8 +7,8 @@ allocations and says what is wrong, so tests can call it after any sequence of o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,6 +59,22 @@ class Refusal:
     request: Request
     reason: str
     never_fits: bool = False  # True when even an empty, healthy pool could not serve it
+
+
+@dataclass(frozen=True)
+class OutsideUse:
+    """Devices on one node held by work gpupool did not place (other workloads on a shared cluster).
+
+    Counts only: the backend knows how many devices of each kind are taken, not which. ``mig`` maps a profile
+    to its instances taken; the profile ``"*"`` takes instances of any profile.
+    """
+
+    whole_gpus: int = 0
+    mig: Mapping[str, int] = field(default_factory=dict)
+    shares: int = 0
+
+
+OUTSIDE_OWNER = "outside"  # owners of outside holdings are "outside:<node>:<n>"; no lease id has a colon
 
 
 class AlreadyHolding(ValueError):
@@ -204,6 +220,68 @@ class PoolState:
         allocation = Allocation(owner, node, request, _grants(node_state, request, option))
         self._allocations[owner] = allocation
         return allocation
+
+    def hold_outside(self, node: str, use: OutsideUse) -> str | None:
+        """Make ``use`` what outside work holds on ``node``, replacing what it held before; say what could not
+        be held (more than is free), or None.
+
+        Outside holdings are allocations like any other (so every count, invariant and policy sees them),
+        owned by ``outside:<node>:<n>``, one device each, taken from the devices free now, whatever their
+        health. They are never recorded anywhere: the backend tells them again after a restart.
+        """
+        node_state = self._by_name[node]  # KeyError for an unknown node
+        prefix = f"{OUTSIDE_OWNER}:{node}:"
+        for owner in [o for o in node_state.holders if o.startswith(prefix)]:
+            self.release(owner)
+        taken = 0
+        missing: list[str] = []
+
+        def hold(request: Request, option: Option) -> None:
+            nonlocal taken
+            self.restore(f"{prefix}{taken}", request, node, option)
+            taken += 1
+
+        whole = WholeGpus(1)
+        free = [
+            p
+            for p, gpu in enumerate(node_state.gpus)
+            if gpu_kind_matches(gpu, whole)
+            and node_state.gpu_busy_reason(p, whole, ignore_health=True) is None
+        ]
+        for position in free[: use.whole_gpus]:
+            hold(Request(0, 0, whole), (position,))
+        if use.whole_gpus > len(free):
+            missing.append(f"{use.whole_gpus - len(free)} whole GPU(s)")
+        for profile, count in sorted(use.mig.items()):
+            instances = [
+                (p, i, m.profile)
+                for p, gpu in enumerate(node_state.gpus)
+                for i, m in enumerate(gpu.mig_instances)
+                if i in node_state.mig_free[p] and profile in ("*", m.profile)
+            ]
+            for position, index, name in instances[:count]:
+                hold(Request(0, 0, MigSlice(profile=name)), (position, index))
+            if count > len(instances):
+                missing.append(f"{count - len(instances)} MIG {profile} instance(s)")
+        for held in range(use.shares):
+            shares = [
+                (GpuShare(max(1, FULL_MILLI // (gpu.max_shares or 10))), position)
+                for position, gpu in enumerate(node_state.gpus)
+                if gpu.mode is GpuMode.SHARED
+            ]
+            spot = next(
+                (
+                    (share, p)
+                    for share, p in shares
+                    if not node_state.gpu_busy_reason(p, share, ignore_health=True)
+                ),
+                None,
+            )
+            if spot is None:
+                missing.append(f"{use.shares - held} GPU share(s)")
+                break
+            hold(Request(0, 0, spot[0]), (spot[1],))
+        return ", ".join(missing) or None
 
     def set_health(self, node: str, health: Health, gpu_index: int | None = None) -> None:
         """Mark a node, or one GPU on it, healthy, unhealthy or drained. Held devices stay held."""

@@ -3,6 +3,9 @@
 JupyterHub sets ``JUPYTERHUB_SERVICE_URL`` (where to listen), ``JUPYTERHUB_SERVICE_PREFIX``,
 ``JUPYTERHUB_SERVICE_NAME`` and ``JUPYTERHUB_API_URL`` for a managed service. gpupool's own settings:
 
+- ``GPUPOOL_BACKEND``: ``local`` (default: the pool file, NVML or the demo pool, as below) or ``kubernetes``
+  (the cluster's nodes and pods, with ``GPUPOOL_KUBE_NAMESPACE``, ``GPUPOOL_KUBE_SHARED_RESOURCE`` and
+  ``KUBECONFIG``; see :mod:`.kube_pool`);
 - ``GPUPOOL_POOL``: a pool file (the simulated backend); unset, the host's GPUs through NVML, or the demo pool
   when there are none;
 - ``GPUPOOL_PROFILES``: a profiles file; unset, the shipped example ``hub_config/profiles.yaml``;
@@ -40,7 +43,7 @@ from urllib.parse import urlsplit
 import uvicorn
 from fastapi import FastAPI
 
-from ..backends.discovery import discover_pool
+from ..backends.discovery import DiscoveredPool, discover_pool
 from ..backends.simulated import PoolFileError
 from ..files.profiles_file import EXAMPLE_PROFILES, load_profiles
 from ..files.quotas_file import QuotaFileError, load_quotas
@@ -86,7 +89,17 @@ def build_app(env: Mapping[str, str]) -> FastAPI:
 
 def build(env: Mapping[str, str]) -> tuple[FastAPI, LeaseManager]:
     """The app and the lease manager it serves."""
-    pool = discover_pool(env.get("GPUPOOL_POOL") or None)
+    backend = env.get("GPUPOOL_BACKEND") or "local"
+    if backend not in ("local", "kubernetes"):
+        raise SystemExit(f"GPUPOOL_BACKEND must be local or kubernetes, got {backend!r}")
+    kube = None
+    if backend == "kubernetes":
+        from .kube_pool import load_kube_pool  # only a cluster needs kubernetes_asyncio
+
+        kube = load_kube_pool(env)
+        pool = DiscoveredPool(kube.nodes, "kubernetes", kube.source)
+    else:
+        pool = discover_pool(env.get("GPUPOOL_POOL") or None)
     if pool.note:
         log.warning("%s", pool.note)
     log.info("pool from %s (%s): %d nodes", pool.source, pool.backend, len(pool.nodes))
@@ -120,9 +133,8 @@ def build(env: Mapping[str, str]) -> tuple[FastAPI, LeaseManager]:
         manager, profiles, backend=pool.backend, source=pool.source, auth=auth, prefix=prefix, jobs=jobs
     )
     usage = UsageStore(store.engine)  # the minutes the telemetry closes, kept for long-term reports
-    telemetry = Telemetry(
-        manager, make_sampler(pool.backend, pool.nodes), interval=sample_seconds(env), on_minutes=usage.add
-    )
+    sampler = kube.sampler() if kube is not None else make_sampler(pool.backend, pool.nodes)
+    telemetry = Telemetry(manager, sampler, interval=sample_seconds(env), on_minutes=usage.add)
     app.include_router(
         telemetry_router(manager, telemetry, auth, prefix=prefix, public_metrics=metrics_public(env))
     )
@@ -153,6 +165,8 @@ def build(env: Mapping[str, str]) -> tuple[FastAPI, LeaseManager]:
             warnings=warnings,
         )
     )
+    if kube is not None:
+        kube.attach(app, manager, jobs)
     return app, manager
 
 

@@ -221,3 +221,39 @@ class HealthKeeper:
                 what,
             )
         return [lease.id for lease in servers]
+
+
+# ---- node conditions a backend reports ---------------------------------------------------------------------
+
+
+class NodeConditions:
+    """Whole-node faults a backend reports as they come and go (Kubernetes: NotReady, cordoned, tainted, MIG
+    being reconfigured), applied through the same fault path as telemetry's: the node is marked unhealthy,
+    its jobs are stopped and requeued, its servers logged. When the backend says the node is fine again, the
+    node's fault mark is cleared (a drain stays) and queued work is admitted. Like telemetry faults, these
+    marks live in memory: after a restart the backend reports the node's state again."""
+
+    def __init__(self, jobs: JobManager) -> None:
+        self.jobs = jobs
+        self.faults: dict[str, str] = {}  # node -> why it is out
+
+    def update(self, node: str, problem: str | None) -> list[str]:
+        """Apply the node's current problem (None: healthy); the ids of the jobs stopped to be requeued."""
+        if self.faults.get(node) == problem:
+            return []
+        if problem is None:
+            self.faults.pop(node, None)
+            self.jobs.leases.clear_health(node, Health.UNHEALTHY)
+            log.info("node %s may take work again", node)
+            return []
+        self.faults[node] = problem
+        stopped = self.jobs.fault(node, None, problem)
+        servers = [lease for lease in self.jobs.leases.leases_on(node) if lease.owner_kind == "server"]
+        log.warning(
+            "node %s marked unhealthy: %s; %d jobs stopped to be requeued, %d servers keep running there",
+            node,
+            problem,
+            len(stopped),
+            len(servers),
+        )
+        return [job.id for job in stopped]

@@ -34,7 +34,7 @@ from ..pool.policies import PlacementPolicy
 from ..pool.queue import AdmissionQueue, QueuedRequest, competes
 from ..pool.quotas import QuotaPolicy
 from ..pool.requests import MigSlice, Request, WholeGpus
-from ..pool.state import Allocation, CannotRestore, PoolState
+from ..pool.state import Allocation, CannotRestore, OutsideUse, PoolState
 from .store import Lease, LeaseNotFound, LeaseState, LeaseStore, NewLease, OwnerKind
 
 log = logging.getLogger(__name__)
@@ -220,6 +220,16 @@ class LeaseManager:
             marks = dict(self._health_marks.get((node, gpu_index), {}))
             marks.pop(health, None)
             self._apply_marks(node, gpu_index, marks)
+
+    def set_outside_use(self, node: str, use: OutsideUse) -> str | None:
+        """Devices on ``node`` that work outside gpupool holds (other pods on a cluster), replacing what was
+        said before; what could not be held because it is not free (None when all was). Not stored: only
+        the backend knows it, and it tells again after a restart. Queued work is admitted if room was freed.
+        KeyError names an unknown node."""
+        with self._lock:
+            missing = self._pool.hold_outside(node, use)
+            self.admit()
+            return missing
 
     def health_marks(self) -> dict[tuple[str, int | None], dict[Health, str]]:
         """(node, GPU index or None for the whole node) -> its marks and their reasons."""

@@ -1,0 +1,63 @@
+"""A lease's grants as Kubernetes resource limits: the node plus ``nvidia.com/gpu``, ``nvidia.com/mig-<profile>``
+or the time-sliced shared resource, as the NVIDIA device plugin exposes them on that node (:mod:`.labels`).
+
+The grants name synthetic devices (``k8s-<node>-gpu<i>``); only their kind and, for MIG, their profile matter
+here, since the device plugin picks the physical device on the node.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+from ..pool.devices import Node
+from ..pool.state import Grant, OutsideUse
+from .grant import KubeGrant
+from .labels import GPU_RESOURCE, MIG_RESOURCE_PREFIX, MIG_STRATEGY, SHARED_RESOURCE
+
+
+class NotOnNode(ValueError):
+    """A grant for a device the node does not have; the message names both."""
+
+
+def kube_grant(node: Node, grants: Iterable[Grant], *, shared_resource: str = SHARED_RESOURCE) -> KubeGrant:
+    """The node and limits for ``grants`` (a lease's devices) on ``node`` (the pool's node they are on).
+
+    Whole GPUs become ``nvidia.com/gpu: N``; a MIG instance ``nvidia.com/mig-<profile>: 1`` under the mixed
+    strategy and ``nvidia.com/gpu: 1`` under the single one (where the slices are the node's ``nvidia.com/gpu``);
+    a share ``shared_resource: 1`` (one time-slicing replica).
+    """
+    profiles = {m.uuid: m.profile for g in node.gpus for m in g.mig_instances}
+    gpus = {g.uuid for g in node.gpus}
+    single = node.labels.get(MIG_STRATEGY) == "single"
+    limits: Counter[str] = Counter()
+    for grant in grants:
+        if grant.kind == "mig":
+            if grant.uuid not in profiles:
+                raise NotOnNode(f"grant {grant.uuid}: node {node.name} has no such MIG instance")
+            limits[GPU_RESOURCE if single else MIG_RESOURCE_PREFIX + profiles[grant.uuid]] += 1
+        elif grant.kind in ("gpu", "share"):
+            if grant.gpu_uuid not in gpus:
+                raise NotOnNode(f"grant {grant.uuid}: node {node.name} has no such GPU")
+            limits[GPU_RESOURCE if grant.kind == "gpu" else shared_resource] += 1
+        else:
+            raise ValueError(f"grant {grant.uuid}: kind must be gpu, mig or share, got {grant.kind!r}")
+    return KubeGrant(node.name, dict(sorted(limits.items())))
+
+
+def outside_use(
+    node: Node, usage: Mapping[str, int], *, shared_resource: str = SHARED_RESOURCE
+) -> OutsideUse:
+    """What other workloads' pods hold on ``node`` (resource -> units, from :func:`.labels.external_usage`) in
+    the pool's terms: ``nvidia.com/gpu`` is whole GPUs, or MIG instances of any profile under the single
+    strategy; ``nvidia.com/mig-<profile>`` instances of that profile; the shared resource, GPU shares."""
+    single = node.labels.get(MIG_STRATEGY) == "single"
+    gpus = usage.get(GPU_RESOURCE, 0)
+    mig = {
+        resource[len(MIG_RESOURCE_PREFIX) :]: count
+        for resource, count in usage.items()
+        if resource.startswith(MIG_RESOURCE_PREFIX) and count > 0
+    }
+    if single and gpus:
+        mig["*"] = gpus
+    return OutsideUse(whole_gpus=0 if single else gpus, mig=mig, shares=usage.get(shared_resource, 0))
