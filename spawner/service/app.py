@@ -29,14 +29,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..inventory import describe_pool
+from ..kube.resources import kube_grant
 from ..pool.profiles import Profile, UnknownProfile, find_profile, fits_pool
 from ..pool.quotas import QuotaExceeded
 from .auth import Authenticator, Caller
 from .jobs import JobManager
 from .jobs_api import add_job_error_handlers, jobs_router
 from .leases import LeaseManager, NeverFits
-from .models import LeaseOut, LeaseRequest, Problem, ProfileOut
-from .store import Lease, LeaseNotFound
+from .models import KubePlacement, LeaseOut, LeaseRequest, Problem, ProfileOut
+from .store import Lease, LeaseNotFound, LeaseState
 
 DEFAULT_PREFIX = "/services/gpupool/"
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": Problem} for code in (400, 401, 403, 404, 409)}
@@ -56,6 +57,12 @@ def create_app(
     ``jobs``, the jobs API too (:mod:`.jobs_api`), and the job manager's loop runs while the app serves."""
     base = "/" + prefix.strip("/") + "/api/v1"
     nodes = manager.pool.nodes
+    kube = backend == "kubernetes"
+
+    def _out(lease: Lease) -> LeaseOut:
+        message = manager.waiting_message(lease.id) if lease.position is not None else None
+        return LeaseOut.from_lease(lease, message, _placement(manager, lease) if kube else None)
+
     never_fits = {p.slug: fits_pool(p, [ns.node for ns in nodes]) for p in profiles}
 
     @asynccontextmanager
@@ -118,7 +125,7 @@ def create_app(
         lease = manager.request_lease(
             user, groups, body.owner_kind, body.owner_name, profile.slug, profile.request()
         )
-        return _out(manager, lease)
+        return _out(lease)
 
     @router.get("/leases", summary="The caller's leases; every lease (or one user's) for admins and the hub")
     async def list_leases(
@@ -134,16 +141,16 @@ def create_app(
             leases = manager.all_leases(active_only=active_only)
         else:
             leases = manager.leases_for(caller.name, active_only=active_only)
-        return [_out(manager, lease) for lease in leases]
+        return [_out(lease) for lease in leases]
 
     @router.get("/leases/{lease_id}", summary="One lease")
     async def get_lease(lease_id: str, caller: CallerDep) -> LeaseOut:
-        return _out(manager, _visible_lease(manager, caller, lease_id))
+        return _out(_visible_lease(manager, caller, lease_id))
 
     @router.delete("/leases/{lease_id}", summary="Release a lease; releasing twice changes nothing")
     async def delete_lease(lease_id: str, caller: CallerDep) -> LeaseOut:
         _visible_lease(manager, caller, lease_id)
-        return _out(manager, manager.release(lease_id, f"released by {caller.kind} {caller.name}"))
+        return _out(manager.release(lease_id, f"released by {caller.kind} {caller.name}"))
 
     app.include_router(router)
     if jobs is not None:
@@ -159,9 +166,12 @@ def _visible_lease(manager: LeaseManager, caller: Caller, lease_id: str) -> Leas
     return lease
 
 
-def _out(manager: LeaseManager, lease: Lease) -> LeaseOut:
-    message = manager.waiting_message(lease.id) if lease.position is not None else None
-    return LeaseOut.from_lease(lease, message)
+def _placement(manager: LeaseManager, lease: Lease) -> KubePlacement | None:
+    """A granted lease's node and resource limits on Kubernetes (None until granted)."""
+    if lease.state is not LeaseState.GRANTED or lease.node is None:
+        return None
+    grant = kube_grant(manager.pool.node(lease.node).node, lease.devices)
+    return KubePlacement(node=grant.node, limits=dict(grant.limits))
 
 
 def _problem_handlers(app: FastAPI) -> None:

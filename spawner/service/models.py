@@ -52,6 +52,13 @@ class Device(BaseModel):
         return cls(**asdict(grant))  # the same fields, as the store also writes them
 
 
+class KubePlacement(BaseModel):
+    """Where a granted lease runs on Kubernetes: the node and the extended resources its pod asks for."""
+
+    node: str
+    limits: dict[str, int] = Field(description="e.g. {'nvidia.com/mig-3g.40gb': 1}; the device plugin picks")
+
+
 class LeaseOut(BaseModel):
     id: str
     state: Literal["queued", "granted", "released"]
@@ -70,9 +77,14 @@ class LeaseOut(BaseModel):
     granted_at: float | None
     released_at: float | None
     release_reason: str | None
+    kubernetes: KubePlacement | None = Field(
+        None, description="with the Kubernetes backend, a granted lease's node and pod resource limits"
+    )
 
     @classmethod
-    def from_lease(cls, lease: Lease, waiting_message: str | None = None) -> LeaseOut:
+    def from_lease(
+        cls, lease: Lease, waiting_message: str | None = None, kubernetes: KubePlacement | None = None
+    ) -> LeaseOut:
         return cls(
             id=lease.id,
             state=lease.state.value,
@@ -91,6 +103,7 @@ class LeaseOut(BaseModel):
             granted_at=lease.granted_at,
             released_at=lease.released_at,
             release_reason=lease.release_reason,
+            kubernetes=kubernetes,
         )
 
 
