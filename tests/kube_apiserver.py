@@ -18,7 +18,16 @@ It serves, on 127.0.0.1 and a random port, from a thread:
 Test hooks (thread-safe, called from the test's thread): :meth:`KubeApiServer.drop_watches` ends every open
 watch, :meth:`compact` forgets the history (the next resume gets 410), :meth:`set_node_ready`,
 :meth:`add_pod`, :meth:`put` and :meth:`remove` change objects as the cluster would, and ``requests`` records
-every request (method, path, query) for tests that check how a client resumed. :func:`write_kubeconfig`
+every request (method, path, query) for tests that check how a client resumed.
+
+It plays the kubelet and the Job controller for ``batch/v1`` Jobs when a test says so: :meth:`run_job` starts
+a created Job's pod on the node its required node affinity names (Running), :meth:`finish_pod` ends a pod
+with an exit code, :meth:`disrupt_pod` fails it with the ``DisruptionTarget`` condition (an eviction, a
+drained or lost node), and each judges the Job by its ``podFailurePolicy`` and ``backoffLimit`` (conditions
+``Complete`` or ``Failed`` with reason ``PodFailurePolicy`` or ``BackoffLimitExceeded``; a disruption the
+policy ignores leaves the Job running); :meth:`expire_job` fails it with ``DeadlineExceeded``. Deleting a Job
+deletes its pods (any ``propagationPolicy`` but ``Orphan``), as the garbage collector would. A pod's log
+(``GET .../pods/<name>/log``, with ``limitBytes``) is the text :meth:`set_pod_log` put there. :func:`write_kubeconfig`
 writes a kubeconfig for it (plain HTTP, a bearer token). Fixtures with real GPU Operator labels live in
 ``tests/fixtures/kube/``: an 8×H100 80GB node with MIG in the mixed strategy, a 4×A100 40GB node.
 """
@@ -92,6 +101,7 @@ class KubeApiServer:
         self._oldest = 1  # the oldest resourceVersion a watch may resume from (older: 410 Gone)
         self._generation = 0  # bumped by drop_watches: every open watch ends
         self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.pod_logs: dict[tuple[str, str], bytes] = {}  # (namespace, pod) -> its log
         self.url = ""
         self.app = Starlette(routes=self._routes())
 
@@ -198,6 +208,183 @@ class KubeApiServer:
     def lists_of(self, plural_path: str) -> int:
         return sum(1 for m, p, q in self.requests if m == "GET" and p == plural_path and not _is_watch(q))
 
+    # ---- playing kubelet and the Job controller ------------------------------------------------------------
+
+    def run_job(self, name: str, namespace: str = "default") -> Obj:
+        """Start the Job's next pod, Running on the node its required node affinity allows (its
+        ``kubernetes.io/hostname`` or any other label terms), as the scheduler and kubelet would. A suspended
+        Job (Kueue has not admitted it) or one with no such node raises ValueError: nothing would run."""
+        with self._lock:
+            job = self._objects.get(("jobs", namespace, name))
+            if job is None:
+                raise ValueError(f"no Job {namespace}/{name}")
+            if job["spec"].get("suspend"):
+                raise ValueError(f"Job {name} is suspended: no pod starts until it is admitted")
+            template = copy.deepcopy(job["spec"]["template"])
+            node = self._node_for(template["spec"])
+            count = len(self._pods_of_job(job))
+            labels = {
+                **template.get("metadata", {}).get("labels", {}),
+                "batch.kubernetes.io/job-name": name,
+                "job-name": name,
+                "batch.kubernetes.io/controller-uid": job["metadata"]["uid"],
+            }
+            owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job["metadata"]["uid"],
+                     "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+            containers = [
+                {"name": c["name"], "ready": True, "restartCount": 0, "image": c["image"],
+                 "state": {"running": {"startedAt": _now()}}}
+                for c in template["spec"]["containers"]
+            ]  # fmt: skip
+            pod = {
+                "metadata": {
+                    "name": f"{name}-{count}{uuid.uuid4().hex[:5]}",
+                    "namespace": namespace,
+                    "labels": labels,
+                    "annotations": template.get("metadata", {}).get("annotations", {}),
+                    "ownerReferences": [owner],
+                },
+                "spec": {**template["spec"], "nodeName": node},
+                "status": {"phase": "Running", "startTime": _now(), "containerStatuses": containers,
+                           "conditions": [{"type": "Ready", "status": "True"}]},
+            }  # fmt: skip
+            stored = self._store("pods", pod)
+            job.setdefault("status", {}).update(active=1, startTime=job["status"].get("startTime", _now()))
+            self._store("jobs", copy.deepcopy(job))
+            return stored
+
+    def finish_pod(self, name: str, exit_code: int, namespace: str = "default") -> Obj:
+        """End the pod's containers with ``exit_code`` (Succeeded for 0, else Failed); its Job is judged."""
+        with self._lock:
+            pod = copy.deepcopy(self._objects[("pods", namespace, name)])
+            self._terminate(pod, exit_code, "Completed" if exit_code == 0 else "Error")
+            pod["status"]["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+            stored = self._store("pods", pod)
+            self._judge_job_of(stored)
+            return stored
+
+    def disrupt_pod(
+        self,
+        name: str,
+        reason: str = "EvictionByEvictionAPI",
+        message: str = "Eviction API: evicting",
+        namespace: str = "default",
+    ) -> Obj:
+        """Fail the pod with the ``DisruptionTarget`` condition, as an eviction, preemption or a lost node
+        does (its containers killed, exit 137); its Job is judged (a policy that ignores it leaves it running)."""
+        with self._lock:
+            pod = copy.deepcopy(self._objects[("pods", namespace, name)])
+            self._terminate(pod, 137, "Error")
+            pod["status"]["phase"] = "Failed"
+            pod["status"].setdefault("conditions", []).append(
+                {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message,
+                 "lastTransitionTime": _now()}
+            )  # fmt: skip
+            stored = self._store("pods", pod)
+            self._judge_job_of(stored)
+            return stored
+
+    def expire_job(self, name: str, namespace: str = "default") -> Obj:
+        """The Job ran past ``activeDeadlineSeconds``: its running pods are deleted and it fails with
+        ``DeadlineExceeded``, as the Job controller does."""
+        with self._lock:
+            job = copy.deepcopy(self._objects[("jobs", namespace, name)])
+            for pod in self._pods_of_job(job):
+                if pod["status"].get("phase") in ("Pending", "Running"):
+                    self._delete("pods", namespace, pod["metadata"]["name"])
+            return self._fail_job(job, "DeadlineExceeded", "Job was active longer than specified deadline")
+
+    def set_pod_log(self, name: str, text: str, namespace: str = "default") -> None:
+        """What ``GET .../pods/<name>/log`` answers from now on."""
+        with self._lock:
+            self.pod_logs[(namespace, name)] = text.encode()
+
+    def _node_for(self, pod_spec: Obj) -> str:
+        terms = (
+            pod_spec.get("affinity", {})
+            .get("nodeAffinity", {})
+            .get("requiredDuringSchedulingIgnoredDuringExecution", {})
+            .get("nodeSelectorTerms", [])
+        )
+        for (plural, _, name), node in sorted(self._objects.items()):
+            if plural != "nodes":
+                continue
+            labels = node["metadata"].get("labels", {})
+            if not terms or any(
+                all(_expression(e, labels) for e in t.get("matchExpressions", [])) for t in terms
+            ):
+                return name
+        raise ValueError(f"no node matches the pod's required node affinity {terms}")
+
+    def _pods_of_job(self, job: Obj) -> list[Obj]:
+        uid = job["metadata"]["uid"]
+        return [
+            o for (p, _, _), o in self._objects.items()
+            if p == "pods" and any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences", []))
+        ]  # fmt: skip
+
+    @staticmethod
+    def _terminate(pod: Obj, exit_code: int, reason: str) -> None:
+        statuses = pod.setdefault("status", {}).get("containerStatuses") or [
+            {"name": c["name"], "image": c.get("image", "")} for c in pod["spec"]["containers"]
+        ]
+        for status in statuses:
+            status.update(ready=False, state={"terminated": {"exitCode": exit_code, "reason": reason,
+                                                             "finishedAt": _now()}})  # fmt: skip
+        pod["status"]["containerStatuses"] = statuses
+        pod["status"]["conditions"] = [c for c in pod["status"].get("conditions", []) if c["type"] != "Ready"]
+
+    def _judge_job_of(self, pod: Obj) -> None:
+        """The Job controller's part once a pod ended: success completes the Job; a failure is matched
+        against the pod failure policy's rules in order (FailJob, Ignore, Count), then ``backoffLimit``."""
+        owner = next((r for r in pod["metadata"].get("ownerReferences", []) if r.get("kind") == "Job"), None)
+        if owner is None:
+            return
+        job = self._objects.get(("jobs", pod["metadata"]["namespace"], owner["name"]))
+        if job is None:
+            return
+        job = copy.deepcopy(job)
+        status = job.setdefault("status", {})
+        status["active"] = 0
+        if pod["status"]["phase"] == "Succeeded":
+            status["succeeded"] = status.get("succeeded", 0) + 1
+            status["completionTime"] = _now()
+            status["conditions"] = [{"type": "Complete", "status": "True", "lastTransitionTime": _now()}]
+            self._store("jobs", job)
+            return
+        action, index = "Count", None
+        for at, rule in enumerate(job["spec"].get("podFailurePolicy", {}).get("rules", [])):
+            if _rule_matches(rule, pod):
+                action, index = rule["action"], at
+                break
+        if action == "Ignore":
+            self._store("jobs", job)
+            return
+        status["failed"] = status.get("failed", 0) + 1
+        if action == "FailJob":
+            container = next(
+                (c for c in pod["status"]["containerStatuses"] if "terminated" in c.get("state", {})), {}
+            )
+            code = container.get("state", {}).get("terminated", {}).get("exitCode")
+            message = (
+                f"Container {container.get('name')} for pod {pod['metadata']['namespace']}/"
+                f"{pod['metadata']['name']} failed with exit code {code} matching FailJob rule at index {index}"
+            )
+            self._fail_job(job, "PodFailurePolicy", message)
+        elif status["failed"] > job["spec"].get("backoffLimit", 6):
+            self._fail_job(job, "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+        else:
+            self._store("jobs", job)
+
+    def _fail_job(self, job: Obj, reason: str, message: str) -> Obj:
+        status = job.setdefault("status", {})
+        status["active"] = 0
+        status["conditions"] = [
+            {"type": "Failed", "status": "True", "reason": reason, "message": message,
+             "lastTransitionTime": _now()}
+        ]  # fmt: skip
+        return self._store("jobs", job)
+
     # ---- storage (under the lock) ----------------------------------------------------------------------------
 
     def _next_rv(self) -> str:
@@ -240,6 +427,7 @@ class KubeApiServer:
     def _routes(self) -> list[Route]:
         methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
         return [
+            Route("/api/v1/namespaces/{ns}/pods/{name}/log", self._pod_log),
             Route("/version", self._version),
             Route("/api", self._api),
             Route("/apis", self._apis),
@@ -257,6 +445,20 @@ class KubeApiServer:
             Route("/apis/batch/v1/namespaces/{ns}/{plural}/{name}", self._handle, methods=methods),
             Route("/apis/batch/v1/namespaces/{ns}/{plural}/{name}/{sub}", self._handle, methods=methods),
         ]
+
+    async def _pod_log(self, request: Request) -> Response:
+        query = dict(request.query_params)
+        self.requests.append((request.method, request.url.path, query))
+        if request.headers.get("authorization") != f"Bearer {self.token}":
+            return _status(401, "Unauthorized", "a bearer token is required")
+        namespace, name = request.path_params["ns"], request.path_params["name"]
+        with self._lock:
+            if ("pods", namespace, name) not in self._objects:
+                return _status(404, "NotFound", f'pods "{name}" not found')
+            text = self.pod_logs.get((namespace, name), b"")
+        if query.get("limitBytes"):
+            text = text[: int(query["limitBytes"])]
+        return Response(text, media_type="text/plain")
 
     async def _version(self, _request: Request) -> Response:
         return JSONResponse(
@@ -327,7 +529,11 @@ class KubeApiServer:
             if request.method == "GET":
                 return JSONResponse(current)
             if request.method == "DELETE":
+                owned = self._pods_of_job(current) if plural == "jobs" else []
                 deleted = self._delete(plural, namespace, name)
+                if query.get("propagationPolicy") != "Orphan":  # the garbage collector's part
+                    for pod in owned:
+                        self._delete("pods", namespace, pod["metadata"]["name"])
                 return JSONResponse(deleted)
             if request.method == "PUT":
                 body.setdefault("metadata", {})["name"] = name
@@ -434,6 +640,38 @@ class KubeApiServer:
             server.should_exit = True
             thread.join(timeout=5)
             listener.close()
+
+
+def _expression(expression: Obj, labels: dict[str, str]) -> bool:
+    """One node selector requirement (``In``, ``NotIn``, ``Exists``, ``DoesNotExist``) against node labels."""
+    key, op, values = expression["key"], expression["operator"], expression.get("values", [])
+    if op == "In":
+        return labels.get(key) in values
+    if op == "NotIn":
+        return labels.get(key) not in values
+    return (key in labels) == (op == "Exists")
+
+
+def _rule_matches(rule: Obj, pod: Obj) -> bool:
+    """Whether a ``podFailurePolicy`` rule matches a failed pod (its conditions, or a container's exit code)."""
+    for wanted in rule.get("onPodConditions", []):
+        if any(
+            c.get("type") == wanted["type"] and c.get("status") == wanted.get("status", "True")
+            for c in pod["status"].get("conditions", [])
+        ):
+            return True
+    codes = rule.get("onExitCodes")
+    if not codes:
+        return False
+    for container in pod["status"].get("containerStatuses", []):
+        if codes.get("containerName") not in (None, container["name"]):
+            continue
+        code = container.get("state", {}).get("terminated", {}).get("exitCode")
+        if code is None or code == 0:
+            continue
+        if (code in codes["values"]) == (codes["operator"] == "In"):
+            return True
+    return False
 
 
 def _is_watch(query: dict[str, str]) -> bool:

@@ -7,14 +7,13 @@ Pure parts (:func:`held_idle`, the HTML builders) are tested on plain records; t
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from test_telemetry_api import Client, Service, _Hub
+from test_telemetry_api import USERS, Client, Service
+from token_hub import token_hub
 
 from gpupool.spawner.service.dashboard import HeldDevice, dashboard_router, held_idle
 from gpupool.spawner.service.dashboard_page import IdleDevice, duration, heat_colour, idle_line, pool_tree
@@ -100,12 +99,8 @@ def test_the_heat_map_colour_runs_from_cool_to_hot_and_grey_when_not_available()
 
 @pytest.fixture(scope="module")
 def hub_api() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hub/api"
-    server.shutdown()
-    server.server_close()
+    with token_hub(USERS) as url:
+        yield url
 
 
 def _service(tmp: Path, hub_api: str) -> Service:

@@ -3,13 +3,10 @@ pool`` shows the cluster's nodes as the "kubernetes" backend, and a node going N
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +14,7 @@ import httpx
 import pytest
 from hub_harness import free_port, service_command
 from kube_apiserver import kube_apiserver, write_kubeconfig
+from token_hub import token_hub
 
 ADMIN = {
     "name": "root",
@@ -25,30 +23,10 @@ ADMIN = {
 }
 
 
-class _Hub(BaseHTTPRequestHandler):
-    """JupyterHub's ``GET /hub/api/user``: the token ``admin-token`` is an admin, any other is refused."""
-
-    def do_GET(self) -> None:
-        token = (self.headers.get("Authorization") or "").partition(" ")[2]
-        ok = token == "admin-token" and self.path == "/hub/api/user"
-        body = json.dumps(ADMIN if ok else {"status": 403}).encode()
-        self.send_response(200 if ok else 403)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def hub_api() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hub/api"
-    server.shutdown()
-    server.server_close()
+    with token_hub({"admin-token": ADMIN}) as url:
+        yield url
 
 
 def test_the_service_on_kubernetes_shows_the_clusters_nodes_and_their_health(
@@ -60,6 +38,7 @@ def test_the_service_on_kubernetes_shows_the_clusters_nodes_and_their_health(
             "GPUPOOL_BACKEND": "kubernetes",
             "KUBECONFIG": str(write_kubeconfig(tmp_path / "kubeconfig", cluster.url)),
             "GPUPOOL_KUBE_NAMESPACE": "jhub",
+            "GPUPOOL_KUBE_JOB_IMAGE": "registry.example.org/gpupool-singleuser:1.0",
             "GPUPOOL_DB_URL": f"sqlite:///{tmp_path}/gpupool.sqlite",
             "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}",
             "JUPYTERHUB_API_URL": hub_api,

@@ -11,13 +11,11 @@ HTTP server that answers the service's token checks.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from hub_harness import free_port, service_command
 from jupyterhub.objects import Hub, Server
 from kube_apiserver import KubeApiServer, kube_apiserver, write_kubeconfig
 from kubernetes_asyncio.config import kube_config
+from token_hub import token_hub
 
 from gpupool.spawner.hub.kube_spawner import KubeGPUSpawner
 
@@ -40,23 +39,6 @@ CALLERS = {
         "scopes": ["access:services!service=gpupool", "custom:gpupool:leases", "custom:gpupool:admin"],
     }
 }
-
-
-class _Hub(BaseHTTPRequestHandler):
-    """JupyterHub's ``GET /hub/api/user`` for the service's token checks."""
-
-    def do_GET(self) -> None:
-        token = (self.headers.get("Authorization") or "").partition(" ")[2]
-        caller = CALLERS.get(token) if self.path == "/hub/api/user" else None
-        body = json.dumps(caller or {"status": 403}).encode()
-        self.send_response(200 if caller else 403)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args: Any) -> None:
-        pass
 
 
 class _User:
@@ -76,10 +58,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KubeApiS
     """The stand-in with an 8×H100 (mixed MIG) node and a 4×A100 node, a kubelet for it, the gpupool service
     on it; yields the stand-in, the service's URL and the kubeconfig."""
     tmp = tmp_path_factory.mktemp("kube-spawner")
-    hub = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
-    threading.Thread(target=hub.serve_forever, daemon=True).start()
     port = free_port()
-    with kube_apiserver("dgx-h100-mixed", "a100-40gb") as api:
+    with token_hub(CALLERS) as hub_api, kube_apiserver("dgx-h100-mixed", "a100-40gb") as api:
         kubeconfig = write_kubeconfig(tmp / "kubeconfig", api.url, namespace=NAMESPACE)
         env = os.environ | {
             "GPUPOOL_BACKEND": "kubernetes",
@@ -88,7 +68,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KubeApiS
             "GPUPOOL_KUBE_JOB_IMAGE": "quay.io/example/gpupool-singleuser:test",
             "GPUPOOL_DB_URL": f"sqlite:///{tmp}/gpupool.sqlite",
             "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}",
-            "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub.server_address[1]}/hub/api",
+            "JUPYTERHUB_API_URL": hub_api,
             "GPUPOOL_RECONCILE_SECONDS": "0",
             "GPUPOOL_SAMPLE_SECONDS": "0",
         }
@@ -107,8 +87,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KubeApiS
             service.terminate()
             service.wait(timeout=10)
             log.close()
-            hub.shutdown()
-            hub.server_close()
 
 
 def test_two_users_get_pods_on_their_leased_nodes_with_their_leased_resources(

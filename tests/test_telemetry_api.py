@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,7 @@ import pytest
 from fake_pynvml import a100_80gb, fake_pynvml, h100_80gb
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
+from token_hub import token_hub
 
 from gpupool.spawner.backends.nvml import discover_node
 from gpupool.spawner.backends.nvml_telemetry import NvmlSampler
@@ -50,31 +48,10 @@ BUSY = "while True: pass"
 IDLE = "import time; time.sleep(600)"
 
 
-class _Hub(BaseHTTPRequestHandler):
-    """JupyterHub's ``GET /hub/api/user`` for the tokens above, and 403 for any other."""
-
-    def do_GET(self) -> None:
-        token = (self.headers.get("Authorization") or "").partition(" ")[2]
-        model = USERS.get(token)
-        body = json.dumps(model or {"status": 403}).encode()
-        self.send_response(200 if model and self.path == "/hub/api/user" else 403)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def hub_api() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hub/api"
-    server.shutdown()
-    server.server_close()
+    with token_hub(USERS) as url:
+        yield url
 
 
 class Service:

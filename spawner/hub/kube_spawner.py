@@ -31,7 +31,6 @@ from ..kube.manifests import ManifestError
 from ..kube.pods import server_pod_overrides
 from . import form
 from .leasing import GpuLeasing, check_user_options
-from .service_client import Availability, ServiceError
 
 # the KubeSpawner traits a lease sets; what the admin configured is kept and the lease's part added to it
 _MERGED = ("node_affinity_required", "tolerations", "extra_labels", "extra_annotations", "environment")
@@ -72,19 +71,7 @@ class KubeGPUSpawner(GpuLeasing, KubeSpawner):  # type: ignore[misc]  # KubeSpaw
 
     async def gpupool_profile_list(self) -> list[dict[str, object]]:
         """The profiles this user may start, with what could start now; without the service, still listed."""
-        try:
-            live = await self.service().availability(self.user.name)
-        except (ServiceError, SpawnException) as error:
-            self.log.warning("gpupool: no availability for the spawn form: %s", error)
-            live = Availability({}, {}, "")
-        choices = form.choices_for(
-            self.profiles,
-            self.user_groups,
-            bool(self.user.admin),
-            live.counts,
-            live.never_fits,
-            simulated=live.backend == "simulated",
-        )
+        choices, _backend = await self.profile_choices()
         return form.profile_list(choices)
 
     def apply_lease(self, lease: Mapping[str, Any]) -> None:

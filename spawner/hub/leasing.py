@@ -37,7 +37,7 @@ from ..device_env import device_env
 from ..files.profiles_file import EXAMPLE_PROFILES, load_profiles
 from ..pool.profiles import Profile, UnknownProfile
 from . import form
-from .service_client import ServiceClient, ServiceError
+from .service_client import Availability, ServiceClient, ServiceError
 
 SERVICE_PREFIX = "services/gpupool/"
 TOKEN_ENV = "GPUPOOL_API_TOKEN"
@@ -185,6 +185,24 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
     @property
     def user_groups(self) -> list[str]:
         return sorted(group.name for group in self.user.groups)
+
+    async def profile_choices(self) -> tuple[list[form.ProfileChoice], str]:
+        """Every profile with this user's permission and the pool's live availability, and the backend's name
+        ("simulated", "nvml", "kubernetes"); without the service, every profile with nothing known free."""
+        try:
+            live = await self.service().availability(self.user.name)
+        except (ServiceError, SpawnException) as error:
+            self.log.warning("gpupool: no availability for the spawn form: %s", error)
+            live = Availability({}, {}, "")
+        choices = form.choices_for(
+            self.profiles,
+            self.user_groups,
+            bool(self.user.admin),
+            live.counts,
+            live.never_fits,
+            simulated=live.backend == "simulated",
+        )
+        return choices, live.backend
 
     def service(self) -> ServiceClient:
         """A client of the service with the hub's token; a missing token is a clear error."""

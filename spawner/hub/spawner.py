@@ -21,13 +21,11 @@ from typing import Any
 from jupyterhub.spawner import (  # type: ignore[import-untyped]
     LocalProcessSpawner,
     SimpleLocalProcessSpawner,
-    SpawnException,
 )
 from traitlets import Unicode, default
 
 from . import form
 from .leasing import GpuLeasing, check_user_options, lease_env, read_profiles
-from .service_client import Availability, ServiceError
 
 
 async def _render_options_form(spawner: LocalGPUSpawner) -> str:
@@ -58,20 +56,8 @@ class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner):  # type: ignore[misc]  #
 
     async def render_options_form(self) -> str:
         """The form's HTML with live availability; without the service it still lists every profile."""
-        try:
-            live = await self.service().availability(self.user.name)
-        except (ServiceError, SpawnException) as error:
-            self.log.warning("gpupool: no availability for the spawn form: %s", error)
-            live = Availability({}, {}, "")
-        choices = form.choices_for(
-            self.profiles,
-            self.user_groups,
-            bool(self.user.admin),
-            live.counts,
-            live.never_fits,
-            simulated=live.backend == "simulated",
-        )
-        return form.render_form(choices, backend=live.backend)
+        choices, backend = await self.profile_choices()
+        return form.render_form(choices, backend=backend)
 
 
 def _profile_from_formdata(formdata: Mapping[str, list[str]]) -> dict[str, Any]:

@@ -24,6 +24,14 @@ JupyterHub sets ``JUPYTERHUB_SERVICE_URL`` (where to listen), ``JUPYTERHUB_SERVI
   (default 30); ``GPUPOOL_MAX_QUEUED_JOBS`` a user may have waiting (default 100);
   ``GPUPOOL_JOB_HOME_ROOT``, when the service is not root, the folder of users' homes (``<root>/<user>``)
   jobs run in; unset, the users' system homes. As root, jobs run as their user's system account.
+- jobs on Kubernetes (``GPUPOOL_BACKEND=kubernetes``: each attempt a ``batch/v1`` Job, see :mod:`.kube_runner`;
+  no system accounts, the pod runs as uid 1000 with the user's home volume): ``GPUPOOL_KUBE_JOB_IMAGE``
+  (required: the single-user image jobs run in); ``GPUPOOL_KUEUE_QUEUE`` (optional: a Kueue LocalQueue name;
+  Jobs then carry ``kueue.x-k8s.io/queue-name`` and start suspended until Kueue admits them);
+  ``GPUPOOL_KUBE_HOME_CLAIM`` (the user's home PVC, default ``claim-{username}`` as KubeSpawner names it);
+  ``GPUPOOL_KUBE_HOME_MOUNT`` (where the image expects the home, default ``/home/jovyan``);
+  ``GPUPOOL_KUBE_JOB_TTL_SECONDS`` (how long a finished Job, its pod and so its log stay; default 86400). The grace period
+  is ``GPUPOOL_JOB_GRACE_SECONDS``, as the pods' ``terminationGracePeriodSeconds``.
 
 Everything is read and checked before the port opens, so bad configuration stops the service at start-up.
 """
@@ -119,13 +127,15 @@ def build(env: Mapping[str, str]) -> tuple[FastAPI, LeaseManager]:
     if not api_url:
         raise SystemExit("JUPYTERHUB_API_URL is not set: run the service from JupyterHub, or set it")
     name = env.get("JUPYTERHUB_SERVICE_NAME") or "gpupool"
+    grace = _number(env, "GPUPOOL_JOB_GRACE_SECONDS", 30.0)
     jobs = JobManager(
         manager,
         JobStore(store.engine),
         profiles,
-        grace=_number(env, "GPUPOOL_JOB_GRACE_SECONDS", 30.0),
+        grace=grace,
         max_queued=int(_number(env, "GPUPOOL_MAX_QUEUED_JOBS", 100)),
         home_root=env.get("GPUPOOL_JOB_HOME_ROOT") or None,
+        job_runner=kube.job_runner(env, grace=grace) if kube is not None else None,
     )
     auth = Authenticator(api_url, name)
     prefix = env.get("JUPYTERHUB_SERVICE_PREFIX") or DEFAULT_PREFIX

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any, Protocol
 
-from fastapi import APIRouter, FastAPI, Header, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, Response, status
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from ..inventory import describe_pool
@@ -166,7 +166,11 @@ def dashboard_router(
     if login is not None:
         router.include_router(login.router())
 
-    async def browser_caller(request: Request, token: str | None, authorization: str | None) -> Caller | None:
+    async def browser_caller(
+        request: Request,
+        token: Annotated[str | None, Query(description="a JupyterHub API token")] = None,
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> Caller | None:
         """The caller, or None when the browser must log in first (no credentials, and a login to send it to)."""
         if token:
             authorization = f"token {token}"
@@ -178,6 +182,12 @@ def dashboard_router(
             if error.status_code == status.HTTP_403_FORBIDDEN and login is not None and not authorization:
                 return None  # the cookie's token expired or was revoked: log in again
             raise
+
+    BrowserCaller = Annotated[Caller | None, Depends(browser_caller)]
+
+    def log_in(request: Request) -> Response:
+        assert login is not None  # browser_caller says "log in" only when there is a login
+        return login.start(request)
 
     def gather() -> tuple[dict[str, Any], list[Lease], dict[str, dict[str, Any]], list[IdleDevice]]:
         pool = manager.inspect(lambda state: describe_pool(state, backend, source))
@@ -198,27 +208,15 @@ def dashboard_router(
         return pool, leases, latest, idle
 
     @router.get(f"{base}/my/warnings", include_in_schema=False)
-    async def my_warnings(
-        request: Request,
-        token: Annotated[str | None, Query(description="a JupyterHub API token")] = None,
-        authorization: Annotated[str | None, Header()] = None,
-    ) -> Response:
-        caller = await browser_caller(request, token, authorization)
+    async def my_warnings(request: Request, caller: BrowserCaller) -> Response:
         if caller is None:
-            assert login is not None
-            return login.start(request)
+            return log_in(request)
         return JSONResponse([asdict(w) for w in warnings.pending(clock(), caller.name)] if warnings else [])
 
     @router.get(f"{base}/", response_class=HTMLResponse, include_in_schema=False)
-    async def dashboard(
-        request: Request,
-        token: Annotated[str | None, Query(description="a JupyterHub API token")] = None,
-        authorization: Annotated[str | None, Header()] = None,
-    ) -> Response:
-        caller = await browser_caller(request, token, authorization)
+    async def dashboard(request: Request, caller: BrowserCaller) -> Response:
         if caller is None:
-            assert login is not None
-            return login.start(request)
+            return log_in(request)
         pool, leases, latest, idle = gather()
         simulated = telemetry.simulated if telemetry.history.last_time is not None else backend == "simulated"
         note = f"below {idle_threshold:g}% for at least {idle_after / 60:g} min"

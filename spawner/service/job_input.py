@@ -3,12 +3,15 @@
 What is checked here needs the host (the user's home, the command on disk), so it lives in the service, not
 the domain: the working directory must resolve (symlinks followed) inside the user's home, the command must
 be an executable found from there, the environment may not set what gpupool sets, and the maximum runtime
-must fit the profile's limit.
+must fit the profile's limit. A job that runs in a container (the Kubernetes runner: ``on_host=False``) names
+paths inside it, which the service cannot look at: the working directory must then be the home in the
+container or below it, as a plain path, and the command is looked up in the image when the job starts.
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -52,18 +55,23 @@ def check_submission(
     priority_class: str,
     name: str | None,
     is_admin: bool,
+    on_host: bool = True,
 ) -> CheckedJob:
-    """The submission checked and completed, or :class:`InvalidJob` for its first problem."""
+    """The submission checked and completed, or :class:`InvalidJob` for its first problem. ``on_host`` False:
+    the paths are in the job's container (see the module docstring)."""
     if not command or not command[0]:
         raise InvalidJob("command", 'must be a non-empty list of arguments, e.g. ["python", "train.py"]')
     if any("\0" in arg for arg in command):
         raise InvalidJob("command", "arguments may not contain NUL characters")
     checked_env = _check_env(env)
-    directory = resolve_working_dir(working_dir, identity.home)
-    path = checked_env.get("PATH") or os.environ.get("PATH") or ""
-    if find_executable(command[0], directory, path) is None:
-        where = f"in {directory}" if "/" in command[0] else f"on PATH ({path})"
-        raise InvalidJob("command", f"{command[0]!r} is not an executable file {where}")
+    if on_host:
+        directory = resolve_working_dir(working_dir, identity.home)
+        path = checked_env.get("PATH") or os.environ.get("PATH") or ""
+        if find_executable(command[0], directory, path) is None:
+            where = f"in {directory}" if "/" in command[0] else f"on PATH ({path})"
+            raise InvalidJob("command", f"{command[0]!r} is not an executable file {where}")
+    else:
+        directory = container_working_dir(working_dir, identity.home)
     if priority_class not in PRIORITY_CLASSES:
         raise InvalidJob(
             "priority_class", f"must be one of {', '.join(PRIORITY_CLASSES)}, got {priority_class!r}"
@@ -105,6 +113,21 @@ def resolve_working_dir(raw: str | None, home: str) -> str:
     if not os.path.isdir(real):
         raise InvalidJob("working_dir", f"{raw} is not an existing directory")
     return real
+
+
+def container_working_dir(raw: str | None, home: str) -> str:
+    """The working directory in the job's container: the home (``home``, where the user's volume is mounted)
+    or a plain absolute path below it, without ``..`` or repeated slashes."""
+    if not raw:
+        return home
+    if not posixpath.isabs(raw) or posixpath.normpath(raw) != raw.rstrip("/"):
+        raise InvalidJob(
+            "working_dir", f"must be a plain absolute path inside your home {home} (no '..'), got {raw!r}"
+        )
+    path = posixpath.normpath(raw)
+    if path != home and not path.startswith(home.rstrip("/") + "/"):
+        raise InvalidJob("working_dir", f"{raw} is outside your home {home} in the job's container")
+    return path
 
 
 def _check_env(env: Mapping[str, str]) -> dict[str, str]:

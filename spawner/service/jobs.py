@@ -10,6 +10,9 @@ group that ended meanwhile (from the exit status the run wrote), and releases jo
 got recorded. Lease ids of a job are ``<job id>-<n>`` for its n-th lease, so a retried requeue reuses the
 lease it already asked for instead of queueing twice.
 
+Where a run happens is the runner's business (:mod:`.job_runner`): processes on this host by default,
+``batch/v1`` Jobs on Kubernetes; the manager's rules are the same for both.
+
 The supervision loop (:meth:`JobManager.run_forever`) calls :meth:`JobManager.step` every ``interval`` seconds
 and at once when an admission pass grants a lease. Everything runs on the service's event loop; the
 methods also take a lock, so threads may call them.
@@ -20,9 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,6 +34,7 @@ from ..pool.profiles import Profile, find_profile
 from ..pool.quotas import QuotaExceeded
 from . import runner
 from .job_input import check_submission
+from .job_runner import JobRunner, LaunchError, LocalRunner, Outcome
 from .job_store import JobNotFound, JobStore
 from .leases import LeaseManager, NeverFits
 from .store import Lease, LeaseState, new_lease_id
@@ -65,7 +66,8 @@ class Submission:
 
 
 class JobManager:
-    """Runs jobs on leases from ``leases``, recording each change in ``store`` first."""
+    """Runs jobs on leases from ``leases``, recording each change in ``store`` first. ``job_runner`` is where
+    runs happen (default: a :class:`~.job_runner.LocalRunner` with ``home_root``)."""
 
     def __init__(
         self,
@@ -77,6 +79,7 @@ class JobManager:
         max_queued: int = 100,
         home_root: str | None = None,
         clock: Callable[[], float] = time.time,
+        job_runner: JobRunner | None = None,
     ) -> None:
         self.leases = leases
         self.store = store
@@ -85,15 +88,15 @@ class JobManager:
         self.max_queued = max_queued
         self.home_root = home_root
         self._clock = clock
+        self.runner: JobRunner = job_runner if job_runner is not None else LocalRunner(home_root)
         self._lock = threading.RLock()
-        self._processes: dict[str, subprocess.Popen[bytes]] = {}  # runs this process started, to reap
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         leases.on_granted(self._granted)
         self._restore()
 
     def identity(self, user: str) -> runner.Identity:
-        return runner.identity_for(user, home_root=self.home_root)
+        return self.runner.identity(user)
 
     # ---- asking ---------------------------------------------------------------------------------------
 
@@ -126,6 +129,7 @@ class JobManager:
                 priority_class=ask.priority_class,
                 name=ask.name,
                 is_admin=is_admin,
+                on_host=self.runner.host_paths,
             )
             waiting = sum(1 for j in self.store.live() if j.user == user and self._waits_for_devices(j))
             if waiting >= self.max_queued:
@@ -242,12 +246,7 @@ class JobManager:
         return self.leases.position(job.lease_id)
 
     def read_log(self, job: Job, offset: int = 0, limit: int = 1 << 20) -> bytes:
-        uid = None
-        with contextlib.suppress(runner.NoSystemAccount):
-            uid = self.identity(job.user).uid
-        if uid is None and os.geteuid() == 0:
-            return b""  # no account to check the file's owner against: read nothing as root
-        return runner.read_log(job.job_dir, uid, offset, limit)
+        return self.runner.read_log(job, offset, limit)
 
     # ---- the supervision loop -----------------------------------------------------------------------------
 
@@ -275,8 +274,7 @@ class JobManager:
     def step(self) -> None:
         """One pass: start jobs whose lease was granted, and watch running ones (exit, runtime, stop)."""
         with self._lock:
-            for process in list(self._processes.values()):
-                process.poll()  # reap our own children, so a finished leader is not left a zombie
+            self.runner.reap()
             for job in self.store.live():
                 try:
                     if job.state.waiting:
@@ -315,36 +313,33 @@ class JobManager:
                 exit_code=None,
             )
         )
-        env = runner.job_env(identity, job.id, job.job_dir, lease.visible_devices, job.env, attempt=attempt)
         try:
-            started = runner.launch(identity, job.command, job.working_dir, job.job_dir, attempt, env)
-        except OSError as error:
+            started = self.runner.launch(job, lease, identity)
+        except (OSError, LaunchError) as error:
             self._release(job, "job could not start")
             self.store.save(job.to(JobState.FAILED, self._clock(), f"the command could not start: {error}"))
             return
-        self._processes[job.id] = started.process
-        self.store.save(replace(job, pid=started.pid, pid_start=started.start))
-        log.info("job %s of %s: attempt %d started, pid %d", job.id, job.user, attempt, started.pid)
+        if started.pid is not None:
+            self.store.save(replace(job, pid=started.pid, pid_start=started.pid_start))
+        where = f"pid {started.pid}" if started.pid is not None else f"{self.runner.kind} on {lease.node}"
+        log.info("job %s of %s: attempt %d started, %s", job.id, job.user, attempt, where)
 
     def _watch(self, job: Job) -> None:
         now = self._clock()
-        if job.pid is None:
-            found = runner.find_leader(job.id, job.attempts)
-            if found is None:
-                self._ended(job, now)
-                return
-            job = self.store.save(replace(job, pid=found[0], pid_start=found[1]))
-        assert job.pid is not None
-        if not runner.group_alive(job.pid, job.pid_start, job.id):
+        found = self.runner.find(job)
+        if found is None:
             self._ended(job, now)
             return
+        if found != job:
+            job = self.store.save(found)
         if job.stop is not None:
             if not job.stop.killed and now >= job.stop.kill_at:
-                runner.signal_group(job.pid, job.pid_start, job.id, signal.SIGKILL)
+                self.runner.stop_run(job, force=True)
                 self.store.save(replace(job, stop=replace(job.stop, killed=True)))
             return
         if (
-            job.max_runtime is not None
+            not self.runner.enforces_deadline
+            and job.max_runtime is not None
             and job.started_at is not None
             and now >= job.started_at + job.max_runtime
         ):
@@ -362,30 +357,37 @@ class JobManager:
         if stopping is job:
             return job
         job = self.store.save(stopping)
-        if job.pid is not None:
-            runner.signal_group(job.pid, job.pid_start, job.id, signal.SIGTERM)
+        self.runner.stop_run(job, force=False)
         self._poke()
         return job
 
     def _ended(self, job: Job, now: float) -> None:
-        """The run's process group is gone: release its lease and record how it ended."""
-        process = self._processes.pop(job.id, None)
-        if process is not None:
-            process.poll()
-        uid = None
-        with contextlib.suppress(runner.NoSystemAccount):
-            uid = self.identity(job.user).uid
-        code = runner.exit_status(job.job_dir, job.attempts, uid)
+        """The run is gone: release its lease and record how it ended. A stop the pool asked for decides the
+        state; otherwise the runner's outcome: lost (requeue), timed out, or the command's exit status."""
+        outcome = self.runner.outcome(job)
+        try:
+            self._record_end(job, now, outcome)
+        finally:
+            self.runner.finish(job)
+
+    def _record_end(self, job: Job, now: float, outcome: Outcome) -> None:
+        code = outcome.exit_code
         stop = job.stop
         if stop is not None and stop.then is JobState.REQUEUED:
             self._requeue(job, now, stop.reason, code)
             return
+        if stop is None and outcome.lost is not None:
+            self._requeue(job, now, outcome.lost, code)
+            return
         if stop is not None:
             state, reason = stop.then, stop.reason
+        elif outcome.timed_out is not None:
+            state, reason = JobState.TIMED_OUT, outcome.timed_out
         elif code == 0:
             state, reason = JobState.SUCCEEDED, "the command exited with status 0"
         elif code is None:
-            state, reason = JobState.FAILED, "the run ended without an exit status (killed by a signal?)"
+            state = JobState.FAILED
+            reason = outcome.reason or "the run ended without an exit status (killed by a signal?)"
         else:
             state, reason = JobState.FAILED, f"the command exited with status {code}"
         self._release(job, f"job {state}")

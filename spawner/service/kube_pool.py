@@ -14,15 +14,25 @@ with it by the inventory's watches (:mod:`..kube.inventory`).
   So placement, availability, the queue and ``GET pool`` all see the same free capacity without a second
   bookkeeping path.
 
+- **Jobs** run as ``batch/v1`` Jobs (:mod:`.kube_runner`): the job manager's runner is a
+  :class:`.kube_runner.KubeJobRunner`, started on the app's event loop with the inventory, so its watches of
+  gpupool's Jobs and pods are listed before the manager's first step judges a run.
+
 Settings: ``GPUPOOL_KUBE_NAMESPACE`` (where gpupool's pods and Jobs go; default ``default``),
 ``GPUPOOL_KUBE_SHARED_RESOURCE`` (the time-sliced resource; default ``nvidia.com/gpu.shared``), and the
-cluster: in a pod, its service account; else ``KUBECONFIG`` (else ``~/.kube/config``).
+cluster: in a pod, its service account; else ``KUBECONFIG`` (else ``~/.kube/config``). For jobs (read by
+:func:`job_runner_from_env`): ``GPUPOOL_KUBE_JOB_IMAGE`` (required: the single-user image jobs run in),
+``GPUPOOL_KUEUE_QUEUE`` (optional: a Kueue LocalQueue; Jobs then carry ``kueue.x-k8s.io/queue-name`` and start
+suspended), ``GPUPOOL_KUBE_HOME_CLAIM`` (the users' home PVC, default ``claim-{username}`` as KubeSpawner
+names it), ``GPUPOOL_KUBE_HOME_MOUNT`` (where the image expects the home, default ``/home/jovyan``) and
+``GPUPOOL_KUBE_JOB_TTL_SECONDS`` (how long a finished Job and its pod, hence its log, stay; default a day).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -32,12 +42,15 @@ from typing import Any
 from fastapi import FastAPI
 
 from ..kube.inventory import KubeInventory, connect
+from ..kube.jobs import JobSettings, home_claim_name
 from ..kube.labels import SHARED_RESOURCE
+from ..kube.manifests import ManifestError
 from ..kube.resources import outside_use
 from ..pool.devices import Node
 from ..telemetry.samples import Snapshot
 from .health import NodeConditions
 from .jobs import JobManager
+from .kube_runner import KubeJobRunner
 from .leases import LeaseManager
 
 log = logging.getLogger(__name__)
@@ -95,15 +108,25 @@ class KubeBackend:
             inventory.usage = {name: dict(held) for name, held in self.usage.items()}
             inventory.on_health(health)
             inventory.on_usage(usage)
+            runner = jobs.runner if isinstance(jobs.runner, KubeJobRunner) else None
             try:
                 await inventory.start()
+                if runner is not None:
+                    await runner.start(api)
                 async with inner(served) as state:
                     yield state
             finally:
+                if runner is not None:
+                    await runner.close()
                 await inventory.stop()
                 await api.close()
 
         app.router.lifespan_context = lifespan
+
+    def job_runner(self, env: Mapping[str, str], *, grace: float = 30.0) -> KubeJobRunner:
+        """The Kubernetes job runner on this cluster's pool, from the settings in the module docstring;
+        SystemExit naming the setting that is wrong. ``grace`` is the job manager's stop grace period."""
+        return job_runner_from_env(env, self.namespace, self.nodes, self.shared_resource, grace=grace)
 
     def sampler(self) -> KubeSampler:
         return KubeSampler()
@@ -163,3 +186,44 @@ def load_kube_pool(env: Mapping[str, str]) -> KubeBackend:
         raise SystemExit(
             f"gpupool service: cannot read the cluster's nodes ({type(error).__name__}: {error})"
         ) from None
+
+
+def job_runner_from_env(
+    env: Mapping[str, str],
+    namespace: str,
+    nodes: tuple[Node, ...],
+    shared_resource: str = SHARED_RESOURCE,
+    *,
+    grace: float = 30.0,
+) -> KubeJobRunner:
+    """A :class:`.kube_runner.KubeJobRunner` from ``GPUPOOL_KUBE_JOB_IMAGE``, ``GPUPOOL_KUEUE_QUEUE``,
+    ``GPUPOOL_KUBE_HOME_CLAIM`` and ``GPUPOOL_KUBE_HOME_MOUNT``; SystemExit naming a missing or bad one."""
+    image = (env.get("GPUPOOL_KUBE_JOB_IMAGE") or "").strip()
+    if not image:
+        raise SystemExit(
+            "GPUPOOL_KUBE_JOB_IMAGE must name the image jobs run in (the single-user image, e.g. "
+            "registry.example.org/gpupool-singleuser:1.0) when GPUPOOL_BACKEND=kubernetes"
+        )
+    ttl_raw = env.get("GPUPOOL_KUBE_JOB_TTL_SECONDS") or "86400"
+    if not ttl_raw.isdigit():
+        raise SystemExit(f"GPUPOOL_KUBE_JOB_TTL_SECONDS must be a whole number of seconds, got {ttl_raw!r}")
+    try:
+        settings = JobSettings(
+            namespace=namespace,
+            claim_template=env.get("GPUPOOL_KUBE_HOME_CLAIM") or "claim-{username}",
+            home_mount=env.get("GPUPOOL_KUBE_HOME_MOUNT") or "/home/jovyan",
+            queue_name=env.get("GPUPOOL_KUEUE_QUEUE") or None,
+            grace_seconds=math.ceil(grace),
+            ttl_seconds_after_finished=int(ttl_raw),
+        )
+        home_claim_name(settings, "gpupool-check")  # a bad template stops the service now, not at a job
+    except ManifestError as error:
+        text = str(error)
+        for field, name in (
+            ("settings.queue_name", "GPUPOOL_KUEUE_QUEUE"),
+            ("settings.claim_template", "GPUPOOL_KUBE_HOME_CLAIM"),
+            ("settings.home_mount", "GPUPOOL_KUBE_HOME_MOUNT"),
+        ):
+            text = text.replace(field, name)
+        raise SystemExit(f"gpupool service: {text}") from None
+    return KubeJobRunner(settings, image, nodes, shared_resource=shared_resource)

@@ -1,0 +1,159 @@
+"""How the job manager runs one attempt of a job: the runner interface, and the local runner behind it.
+
+The job manager (:mod:`.jobs`) owns the job's life: its lease, its states, when to stop it and why. A runner
+owns only the run: start it on the lease's devices, say whether it is still there, stop it (gracefully, then
+forced), say how it ended, and read its log. Two runners exist:
+
+- :class:`LocalRunner`, processes on this host as the user's system account (:mod:`.runner`);
+- :class:`~.kube_runner.KubeJobRunner`, a ``batch/v1`` Job per attempt on the lease's node.
+
+Every method is synchronous and quick, because the manager calls them from its supervision step under its
+lock: a runner that talks to a remote API answers from a cache and does its writes in the background.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from ..pool.jobs import Job
+from . import runner
+from .store import Lease
+
+
+class LaunchError(RuntimeError):
+    """A run that could not be started (its manifest is invalid, the runner is not running); the job fails."""
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A run just started: the local runner's group leader (pid and start time); None for a remote run."""
+
+    pid: int | None = None
+    pid_start: int | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended, as its runner saw it.
+
+    ``exit_code`` is the command's status when it is known. ``lost`` says the pool, not the job, ended the
+    run (an eviction, a drained or lost node): the manager requeues it. ``timed_out`` says the runner's own
+    deadline stopped it (see :attr:`JobRunner.enforces_deadline`). ``reason`` explains an end without an
+    exit status, for the job's history.
+    """
+
+    exit_code: int | None
+    lost: str | None = None
+    timed_out: str | None = None
+    reason: str | None = None
+
+
+class JobRunner(Protocol):
+    """What the job manager needs from a place jobs run in."""
+
+    kind: str
+    """``local`` or ``kubernetes``, for logs and messages."""
+    enforces_deadline: bool
+    """True when the runner stops a run past its ``max_runtime`` itself (Kubernetes' ``activeDeadlineSeconds``)
+    and reports it as :attr:`Outcome.timed_out`; False, and the manager stops it on its own clock."""
+    host_paths: bool
+    """True when a job's command and working directory are paths on this host, checked at submission; False
+    when they are paths in a container the service cannot look into."""
+
+    def identity(self, user: str) -> runner.Identity:
+        """Who ``user``'s jobs run as; :class:`~.runner.NoSystemAccount` when they cannot run at all."""
+        ...
+
+    def launch(self, job: Job, lease: Lease, identity: runner.Identity) -> Launched:
+        """Start attempt ``job.attempts`` on ``lease``. OSError or :class:`LaunchError` when it cannot start."""
+        ...
+
+    def find(self, job: Job) -> Job | None:
+        """The running job as its run is known now (the local runner fills in a leader found again after a
+        restart), or None once the run is gone."""
+        ...
+
+    def stop_run(self, job: Job, *, force: bool) -> None:
+        """Ask the run to stop (SIGTERM; a Job deleted with the grace period) or, with ``force``, end it now."""
+        ...
+
+    def outcome(self, job: Job) -> Outcome:
+        """How the run :meth:`find` no longer finds ended."""
+        ...
+
+    def finish(self, job: Job) -> None:
+        """Clean up after the run's end was recorded (reap the process; delete a Job that did not end itself)."""
+        ...
+
+    def read_log(self, job: Job, offset: int, limit: int) -> bytes:
+        """Up to ``limit`` bytes of the job's output from ``offset``; empty when there is none (yet)."""
+        ...
+
+    def reap(self) -> None:
+        """Called at every supervision step, for housekeeping."""
+        ...
+
+
+class LocalRunner:
+    """Jobs as process groups on this host, by :mod:`.runner`: as their user's account when the service is
+    root, else as the service's user with homes under ``home_root``."""
+
+    kind = "local"
+    enforces_deadline = False
+    host_paths = True
+
+    def __init__(self, home_root: str | None = None) -> None:
+        self.home_root = home_root
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}  # runs this process started, to reap
+
+    def identity(self, user: str) -> runner.Identity:
+        return runner.identity_for(user, home_root=self.home_root)
+
+    def launch(self, job: Job, lease: Lease, identity: runner.Identity) -> Launched:
+        env = runner.job_env(
+            identity, job.id, job.job_dir, lease.visible_devices, job.env, attempt=job.attempts
+        )
+        started = runner.launch(identity, job.command, job.working_dir, job.job_dir, job.attempts, env)
+        self._processes[job.id] = started.process
+        return Launched(started.pid, started.start)
+
+    def find(self, job: Job) -> Job | None:
+        if job.pid is None:
+            found = runner.find_leader(job.id, job.attempts)
+            if found is None:
+                return None
+            job = replace(job, pid=found[0], pid_start=found[1])
+        assert job.pid is not None
+        return job if runner.group_alive(job.pid, job.pid_start, job.id) else None
+
+    def stop_run(self, job: Job, *, force: bool) -> None:
+        if job.pid is not None:
+            runner.signal_group(job.pid, job.pid_start, job.id, signal.SIGKILL if force else signal.SIGTERM)
+
+    def outcome(self, job: Job) -> Outcome:
+        return Outcome(runner.exit_status(job.job_dir, job.attempts, self._uid(job.user)))
+
+    def finish(self, job: Job) -> None:
+        process = self._processes.pop(job.id, None)
+        if process is not None:
+            process.poll()
+
+    def read_log(self, job: Job, offset: int, limit: int) -> bytes:
+        uid = self._uid(job.user)
+        if uid is None and os.geteuid() == 0:
+            return b""  # no account to check the file's owner against: read nothing as root
+        return runner.read_log(job.job_dir, uid, offset, limit)
+
+    def reap(self) -> None:
+        for process in list(self._processes.values()):
+            process.poll()  # reap our own children, so a finished leader is not left a zombie
+
+    def _uid(self, user: str) -> int | None:
+        with contextlib.suppress(runner.NoSystemAccount):
+            return self.identity(user).uid
+        return None

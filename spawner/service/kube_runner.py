@@ -1,0 +1,392 @@
+"""The Kubernetes job runner: each attempt of a gpupool job is a ``batch/v1`` Job on its lease's node.
+
+The Job comes from the pure builder (:func:`..kube.jobs.training_job`): the single-user image, the user's home
+claim, the lease's node affinity and resource limits (:func:`..kube.resources.kube_grant`),
+``GPUPOOL_CHECKPOINT_DIR`` on the home volume, ``activeDeadlineSeconds`` from the maximum runtime, and a pod
+failure policy. Each attempt gets its own Job, ``gpupool-job-<id>-<attempt>``, so a requeued run never waits
+for the last attempt's Job to be deleted. ``backoffLimit`` is 0: gpupool, not the Job controller, decides
+about another attempt, because a new attempt needs a new lease (the old node may be gone).
+
+**The cache.** The manager asks its questions synchronously from its supervision step, so this runner never
+awaits there: two :class:`..kube.mirror.Mirror` watches (gpupool's training Jobs and their pods, by the
+``app.kubernetes.io/managed-by=gpupool`` and ``component=training-job`` labels, in the namespace) hold the
+cluster's view, creates and deletes run as tasks on the event loop, and a create's answer goes into the cache
+at once. Until the first list has arrived, every run counts as alive (nothing is judged on an empty cache).
+
+**How a run ended** (:func:`job_outcome`): the Job's ``Complete`` condition is exit status 0; ``Failed`` with
+reason ``DeadlineExceeded`` is a timeout; ``Failed`` otherwise (the failure policy's ``FailJob`` on the main
+container's non-zero exit, or ``BackoffLimitExceeded``) is a failure with the main container's exit code. A
+pod that failed with the ``DisruptionTarget`` condition (preemption, eviction, a drained or lost node) is a
+lost run: the Job is deleted and the manager requeues the job. A Job that vanished without gpupool deleting
+it is a lost run too: the user's command did nothing wrong.
+
+**Stopping** (cancel, timeout, a fault or drain): the Job is deleted with ``propagationPolicy: Foreground``
+and the grace period, so the kubelet sends SIGTERM and waits ``terminationGracePeriodSeconds``; the forced
+stop deletes the Job's pods with a grace period of 0. The run counts as alive until the watch says the Job
+is gone.
+
+**Logs** come from the newest pod of the attempt (``GET .../pods/<pod>/log``, container ``main``). The
+manager reads them synchronously, so :meth:`KubeJobRunner.read_log` answers from a small cache and refreshes
+it in the background (at most every ``log_refresh_s``): a reader polls, as the API's ``follow`` does. Only
+the current attempt's log is shown; earlier attempts' pods are deleted with their Jobs.
+
+**Identity.** No system account is needed: the pod runs as ``settings.uid`` (1000 by default) with the
+user's home claim mounted at ``settings.home_mount``, and a job's paths are paths in that container.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import posixpath
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from ..kube.job_status import disrupted_pod, finished_condition, main_exit_code, owner_job, true_condition
+from ..kube.jobs import MAIN_CONTAINER, JobSettings, training_job
+from ..kube.labels import SHARED_RESOURCE
+from ..kube.manifests import COMPONENT_LABEL, MANAGED_BY, JsonDict, ManifestError, dns_label
+from ..kube.mirror import Mirror, Obj
+from ..kube.resources import NotOnNode, kube_grant
+from ..pool.devices import Node
+from ..pool.jobs import Job
+from .job_runner import Launched, LaunchError, Outcome
+from .runner import Identity
+from .store import Lease
+
+log = logging.getLogger(__name__)
+
+SELECTOR = ",".join([*(f"{k}={v}" for k, v in MANAGED_BY.items()), f"{COMPONENT_LABEL}=training-job"])
+ATTEMPT_ANNOTATION = "gpupool.io/attempt"
+_LOG_ENTRIES = 128  # jobs whose log is cached at once
+
+
+def attempt_name(job_id: str, attempt: int) -> str:
+    """The Job of one attempt: ``gpupool-job-<id>-<attempt>`` as a valid name (hashed when it must be)."""
+    return dns_label(f"gpupool-job-{job_id}-{attempt}")
+
+
+class KubeJobRunner:
+    """Runs each attempt as a ``batch/v1`` Job in ``settings.namespace`` with ``image``; ``nodes`` are the
+    pool's nodes (their GPUs and MIG layout turn a lease's grants into resource limits). :meth:`start` with
+    an API client on the service's event loop before the manager's loop runs; :meth:`close` at shutdown."""
+
+    kind = "kubernetes"
+    enforces_deadline = True
+    host_paths = False
+
+    def __init__(
+        self,
+        settings: JobSettings,
+        image: str,
+        nodes: Iterable[Node],
+        *,
+        shared_resource: str = SHARED_RESOURCE,
+        retry_s: float = 1.0,
+        log_refresh_s: float = 0.5,
+        log_limit: int = 8 << 20,
+    ) -> None:
+        if not image or image != image.strip():
+            raise ValueError(
+                f"image: expected a container image such as quay.io/jupyter/base-notebook, got {image!r}"
+            )
+        self.settings = settings
+        self.image = image
+        self.shared_resource = shared_resource
+        self.retry_s = retry_s
+        self.log_refresh_s = log_refresh_s
+        self.log_limit = log_limit
+        self._nodes = {node.name: node for node in nodes}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._batch: client.BatchV1Api | None = None
+        self._core: client.CoreV1Api | None = None
+        self.jobs: Mirror | None = None
+        self.pods: Mirror | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._creating: set[str] = set()  # Jobs whose create is in flight
+        self._stopping: set[str] = set()  # stopped while their create was in flight: delete once created
+        self._create_failed: dict[str, str] = {}  # Job name -> why the API refused it
+        self._logs: OrderedDict[str, tuple[str, bytes, float]] = OrderedDict()  # job id -> (Job, log, when)
+        self._log_reads: set[str] = set()
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------
+
+    async def start(self, api: client.ApiClient) -> None:
+        """List gpupool's Jobs and pods (so runs found after a restart are judged on a full view), then watch."""
+        self._loop = asyncio.get_running_loop()
+        self._batch = client.BatchV1Api(api)
+        self._core = client.CoreV1Api(api)
+        namespace = self.settings.namespace
+        self.jobs = Mirror(
+            "jobs", self._batch.list_namespaced_job, namespace=namespace, label_selector=SELECTOR,
+            retry_s=self.retry_s,
+        )  # fmt: skip
+        self.pods = Mirror(
+            "pods", self._core.list_namespaced_pod, namespace=namespace, label_selector=SELECTOR,
+            retry_s=self.retry_s,
+        )  # fmt: skip
+        await asyncio.gather(self.jobs.start(), self.pods.start())
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for mirror in (self.jobs, self.pods):
+            if mirror is not None:
+                await mirror.stop()
+        self._loop = None
+
+    # ---- the runner interface ----------------------------------------------------------------------------
+
+    def identity(self, user: str) -> Identity:
+        return Identity(user, self.settings.home_mount, self.settings.uid, self.settings.gid)
+
+    def manifest(self, job: Job, lease: Lease) -> JsonDict:
+        """The Job for the job's current attempt on ``lease``; ManifestError or NotOnNode when it cannot be."""
+        if lease.node not in self._nodes:
+            raise NotOnNode(f"lease {lease.id}: node {lease.node!r} is not in the pool")
+        grant = kube_grant(self._nodes[lease.node], lease.devices, shared_resource=self.shared_resource)
+        relative = posixpath.relpath(job.working_dir or self.settings.home_mount, self.settings.home_mount)
+        manifest = training_job(
+            self.settings,
+            job_id=job.id,
+            user=job.user,
+            command=job.command,
+            image=self.image,
+            grant=grant,
+            lease_id=lease.id,
+            cpu_milli=lease.request.cpu_milli,
+            memory_mib=lease.request.memory_mib,
+            max_runtime=job.max_runtime,
+            retries=0,
+            env={**job.env, "GPUPOOL_JOB_ATTEMPT": str(job.attempts)},
+            working_dir=None if relative == "." else relative,
+        )
+        meta = manifest["metadata"]
+        meta["name"] = attempt_name(job.id, job.attempts)
+        meta.setdefault("annotations", {})[ATTEMPT_ANNOTATION] = str(job.attempts)
+        return manifest
+
+    def launch(self, job: Job, lease: Lease, identity: Identity) -> Launched:
+        if self._loop is None or self._batch is None:
+            raise LaunchError("the Kubernetes job runner is not running (it starts with the service)")
+        try:
+            manifest = self.manifest(job, lease)
+        except (ManifestError, NotOnNode) as error:
+            raise LaunchError(f"its Kubernetes Job is invalid: {error}") from None
+        name = manifest["metadata"]["name"]
+        self._creating.add(name)
+        self._spawn(lambda: self._create(name, manifest))
+        return Launched()
+
+    def find(self, job: Job) -> Job | None:
+        name = attempt_name(job.id, job.attempts)
+        if name in self._creating or self.jobs is None or not self.jobs.synced:
+            return job
+        if name in self._create_failed:
+            return None
+        found = self.jobs.objects.get(name)
+        if found is None or finished_condition(found) is not None:
+            return None
+        return None if disrupted_pod(self._pods_of(name)) is not None else job
+
+    def stop_run(self, job: Job, *, force: bool) -> None:
+        name = attempt_name(job.id, job.attempts)
+        if name in self._creating:
+            self._stopping.add(name)
+            return
+        if force:
+            for pod in self._pods_of(name):
+                self._spawn(functools.partial(self._delete_pod, _name(pod)))
+        else:
+            self._spawn(lambda: self._delete_job(name))
+
+    def outcome(self, job: Job) -> Outcome:
+        name = attempt_name(job.id, job.attempts)
+        if name in self._create_failed:
+            return Outcome(
+                None, reason=f"its Kubernetes Job could not be created: {self._create_failed[name]}"
+            )
+        found = self.jobs.objects.get(name) if self.jobs is not None else None
+        if found is None:
+            return Outcome(None, lost=f"its Kubernetes Job {name} disappeared without gpupool deleting it")
+        return job_outcome(found, self._pods_of(name))
+
+    def finish(self, job: Job) -> None:
+        name = attempt_name(job.id, job.attempts)
+        self._create_failed.pop(name, None)
+        found = self.jobs.objects.get(name) if self.jobs is not None else None
+        if found is not None and finished_condition(found) is None:
+            self._spawn(lambda: self._delete_job(name))  # a lost run's Job would start another pod
+
+    def read_log(self, job: Job, offset: int, limit: int) -> bytes:
+        name = attempt_name(job.id, job.attempts)
+        cached = self._logs.get(job.id)
+        if cached is not None and cached[0] != name:
+            cached = None  # an earlier attempt's log
+        loop = self._loop
+        stale = cached is None or (loop is not None and loop.time() - cached[2] >= self.log_refresh_s)
+        if loop is not None and stale and job.id not in self._log_reads:
+            self._log_reads.add(job.id)
+            self._spawn(lambda: self._refresh_log(job.id, name))
+        if cached is None:
+            return b""
+        self._logs.move_to_end(job.id)
+        return cached[1][offset : offset + limit]
+
+    def reap(self) -> None:
+        pass  # the Job controller and the garbage collector clean up after pods
+
+    # ---- reading the cache ---------------------------------------------------------------------------------
+
+    def _pods_of(self, name: str) -> list[Obj]:
+        if self.pods is None:
+            return []
+        return [pod for pod in self.pods.objects.values() if owner_job(pod) == name]
+
+    # ---- writes, on the event loop -----------------------------------------------------------------------------
+
+    def _spawn(self, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        loop = self._loop
+        if loop is None:
+            log.warning("the Kubernetes job runner is not running; a write was dropped")
+            return
+
+        def go() -> None:
+            task = loop.create_task(make())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            go()
+        else:
+            loop.call_soon_threadsafe(go)
+
+    async def _create(self, name: str, manifest: JsonDict) -> None:
+        assert self._batch is not None and self.jobs is not None
+        try:
+            batch: Any = self._batch  # the client takes a plain dict as the body, its stubs do not say so
+            response = await batch.create_namespaced_job(
+                self.settings.namespace, manifest, _preload_content=False
+            )
+            self.jobs.remember(json.loads(await response.read()))
+            log.info("created Job %s on %s", name, _node_of(manifest))
+        except ApiException as error:
+            if error.status != 409:  # 409: created before a restart; the watch has it
+                self._create_failed[name] = _api_error(error)
+                log.warning("Job %s was refused: %s", name, self._create_failed[name])
+        except Exception as error:  # the API unreachable: the run fails, saying why
+            self._create_failed[name] = f"{type(error).__name__}: {error}"
+            log.warning("Job %s could not be created: %s", name, self._create_failed[name])
+        finally:
+            self._creating.discard(name)
+        if name in self._stopping:
+            self._stopping.discard(name)
+            await self._delete_job(name)
+
+    async def _delete_job(self, name: str) -> None:
+        assert self._batch is not None
+        try:
+            await self._batch.delete_namespaced_job(
+                name,
+                self.settings.namespace,
+                propagation_policy="Foreground",
+                grace_period_seconds=self.settings.grace_seconds,
+                _preload_content=False,
+            )
+            log.info("deleted Job %s (grace %d s)", name, self.settings.grace_seconds)
+        except ApiException as error:
+            if error.status != 404:
+                log.warning("deleting Job %s failed: %s", name, _api_error(error))
+
+    async def _delete_pod(self, name: str) -> None:
+        assert self._core is not None
+        try:
+            await self._core.delete_namespaced_pod(
+                name, self.settings.namespace, grace_period_seconds=0, _preload_content=False
+            )
+        except ApiException as error:
+            if error.status != 404:
+                log.warning("deleting pod %s failed: %s", name, _api_error(error))
+
+    async def _refresh_log(self, job_id: str, name: str) -> None:
+        assert self._core is not None and self._loop is not None
+        try:
+            pods = sorted(self._pods_of(name), key=lambda p: str(p["metadata"].get("creationTimestamp")))
+            if not pods:
+                return
+            core: Any = self._core  # with _preload_content=False the answer is the raw response
+            response = await core.read_namespaced_pod_log(
+                _name(pods[-1]),
+                self.settings.namespace,
+                container=MAIN_CONTAINER,
+                limit_bytes=self.log_limit,
+                _preload_content=False,
+            )
+            self._logs[job_id] = (name, await response.read(), self._loop.time())
+            self._logs.move_to_end(job_id)
+            while len(self._logs) > _LOG_ENTRIES:
+                self._logs.popitem(last=False)
+        except ApiException as error:
+            if error.status not in (400, 404):  # 400: the container has not started; 404: the pod is gone
+                log.warning("reading the log of Job %s failed: %s", name, _api_error(error))
+        finally:
+            self._log_reads.discard(job_id)
+
+
+# ---- how a run ended (pure) ---------------------------------------------------------------------
+
+
+def job_outcome(job: Mapping[str, Any], pods: list[Obj]) -> Outcome:
+    """How the attempt a Job ran ended (see the module docstring for the mapping)."""
+    condition = finished_condition(job)
+    reason = str((condition or {}).get("reason") or "")
+    message = str((condition or {}).get("message") or "")
+    if condition is not None and condition.get("type") == "Complete":
+        return Outcome(0)
+    if condition is not None and reason == "DeadlineExceeded":
+        deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
+        return Outcome(
+            main_exit_code(pods),
+            timed_out=f"ran past its maximum runtime of {deadline} s (the Job's activeDeadlineSeconds)",
+        )
+    code = main_exit_code(pods)
+    if condition is not None and code is not None:
+        return Outcome(code)
+    disrupted = disrupted_pod(pods)
+    if disrupted is not None:
+        why = true_condition(disrupted.get("status") or {}, "DisruptionTarget") or {}
+        node = (disrupted.get("spec") or {}).get("nodeName") or "its node"
+        said = ": ".join(str(part) for part in (why.get("reason"), why.get("message")) if part)
+        return Outcome(None, lost=f"its pod {_name(disrupted)} on {node} was disrupted ({said or 'evicted'})")
+    if condition is not None:
+        return Outcome(None, reason=f"its Kubernetes Job failed ({reason}: {message})".replace(": )", ")"))
+    return Outcome(None, lost="its Kubernetes Job stopped running without saying how")
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name"))
+
+
+def _node_of(manifest: Mapping[str, Any]) -> str:
+    terms = manifest["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    required = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    return str(required[0]["matchExpressions"][0]["values"][0])
+
+
+def _api_error(error: ApiException) -> str:
+    try:
+        message = json.loads(error.body or "{}").get("message") or ""
+    except (ValueError, AttributeError):
+        message = ""
+    return f"{error.status} {error.reason}" + (f": {message}" if message else "")
