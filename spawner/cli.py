@@ -142,6 +142,11 @@ def _parser() -> argparse.ArgumentParser:
         default=f"gpupool-hub:{version('jupyterhub-gpupool')}",
         help="the hub image with gpupool (images/hub/Dockerfile), e.g. registry.example.org/gpupool-hub:0.1.0",
     )
+    manifests.add_argument(
+        "--job-image",
+        default=f"gpupool-singleuser:{version('jupyterhub-gpupool')}",
+        help="the image training Jobs run in (images/singleuser/Dockerfile)",
+    )
     manifests.add_argument("--user-namespace", help="where users' pods and Jobs run (default: --namespace)")
     manifests.add_argument(
         "--profiles",
@@ -280,6 +285,7 @@ def _kube_manifests(args: argparse.Namespace) -> int:
         db_secret=args.db_secret,
         quotas=bool(args.quotas),
         policy=args.policy,
+        job_image=args.job_image,
     )
     quotas = Path(args.quotas).read_text() if args.quotas else None
     documents = service_manifests(settings, Path(args.profiles).read_text(), quotas)

@@ -84,3 +84,13 @@ def run_first_cell(page: Page, notebook_url: str, widget: str) -> Locator:
     if error.is_visible():
         pytest.fail(f"the cell failed:\n{error.inner_text()}")
     return shown
+
+
+def log_in(page: Page, hub_url: str, user: str) -> None:
+    """Log in through the hub's login form (the tests' hubs take any password), as a user would; the hub
+    then shows the spawn form or the home page."""
+    page.goto(f"{hub_url}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", "any")
+    page.click("#login_submit")
+    page.wait_for_url(re.compile(r"/hub/(spawn|home)"), timeout=30_000)

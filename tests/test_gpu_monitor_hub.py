@@ -20,10 +20,17 @@ from typing import Any
 import httpx
 import nbformat
 import pytest
-from browser_harness import LAB_TIMEOUT_MS, artifacts, chromium, run_first_cell, screenshot_on_failure
+from browser_harness import (
+    LAB_TIMEOUT_MS,
+    artifacts,
+    chromium,
+    log_in,
+    run_first_cell,
+    screenshot_on_failure,
+)
 from hub_harness import GPU_SPAWNER, SERVICE, RunningHub, free_ports, write_hub_config
 from nbclient import NotebookClient
-from playwright.sync_api import Page, expect
+from playwright.sync_api import expect
 from test_job_panel_browser import SERVER_ROLE
 from up_harness import require_proxy
 
@@ -96,15 +103,6 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningHub]:
         yield running
 
 
-def log_in(page: Page, hub: RunningHub, user: str) -> None:
-    """Log in to the hub with its login form (any password does), as a user would."""
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", user)
-    page.fill("#password_input", "any")
-    page.click("#login_submit")
-    page.wait_for_url(re.compile(r"/hub/(spawn|home)"), timeout=30_000)
-
-
 def lease_for(hub: RunningHub, user: str, profile: str, name: str) -> dict[str, Any]:
     with hub.as_user(user) as client:
         answer = client.post("/leases", json={"profile": profile, "owner_kind": "server", "owner_name": name})
@@ -142,7 +140,7 @@ def test_the_admin_dashboard_renders_live_values_in_chromium(hub: RunningHub) ->
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 1100})
         with screenshot_on_failure(page, "dashboard-failure.png"):
-            log_in(page, hub, ADMIN_USER)
+            log_in(page, hub.url, ADMIN_USER)
             page.goto(f"{hub.url}/services/{SERVICE}/")  # no token: the hub's OAuth lets the browser in
             page.wait_for_url(f"{hub.url}/services/{SERVICE}/", timeout=30_000)
             expect(page.locator("h1")).to_contain_text("gpupool — pool")  # the admin's view
@@ -209,7 +207,7 @@ def test_a_pending_cull_warning_shows_on_the_users_hub_home_page(hub: RunningHub
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 800})
         with screenshot_on_failure(page, "home-cull-warning-failure.png"):
-            log_in(page, hub, ADMIN_USER)
+            log_in(page, hub.url, ADMIN_USER)
             page.goto(f"{hub.url}/hub/home")
             shown = page.locator(".gpupool-cull-warning")
             expect(shown).to_contain_text("Your server will be stopped in", timeout=30_000)

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import nbformat
 import pytest
-from browser_harness import LAB_TIMEOUT_MS, artifacts, chromium, run_first_cell, screenshot_on_failure
+from browser_harness import LAB_TIMEOUT_MS, artifacts, chromium, log_in, run_first_cell, screenshot_on_failure
 from hub_harness import GPU_SPAWNER, SERVICE, RunningHub, free_ports, write_hub_config
 from job_user import clean_home, job_user
 from playwright.sync_api import Page, expect
@@ -46,10 +46,7 @@ JOB_TIMEOUT_MS = 60_000
 
 def start_cpu_server(page: Page, hub: RunningHub, user: str) -> None:
     """Log in (any password does) and start the ``cpu`` profile from the spawn form, into JupyterLab."""
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", user)
-    page.fill("#password_input", "any")
-    page.click("#login_submit")
+    log_in(page, hub.url, user)
     page.wait_for_url(re.compile(r"/hub/spawn"), timeout=30_000)
     expect(page.locator(".gpupool-form")).to_be_visible(timeout=30_000)
     page.check("#gpupool-profile-cpu")

@@ -53,12 +53,14 @@ class ServiceDeployment:
     config_map: str = "gpupool-config"  # profiles.yaml (and quotas.yaml with ``quotas``)
     quotas: bool = False
     policy: str = "gpupool"
+    job_image: str = "gpupool-singleuser:latest"  # what training Jobs run in (images/singleuser/Dockerfile)
 
     def __post_init__(self) -> None:
         require_dns_label(self.namespace, "namespace")
         require_dns_label(self.users, "user_namespace")
         require_dns_label(self.name, "name")
         require_text(self.image, "image")
+        require_text(self.job_image, "job_image")
         require_text(self.hub_api_url, "hub_api_url")
         for field in ("hub_secret", "db_secret", "config_map"):
             require_dns_subdomain(getattr(self, field), field)
@@ -148,6 +150,7 @@ def deployment(d: ServiceDeployment) -> JsonDict:
     env: list[JsonDict] = [
         {"name": "GPUPOOL_BACKEND", "value": "kubernetes"},
         {"name": "GPUPOOL_KUBE_NAMESPACE", "value": d.users},
+        {"name": "GPUPOOL_KUBE_JOB_IMAGE", "value": d.job_image},
         {"name": "GPUPOOL_PROFILES", "value": f"{CONFIG_MOUNT}/profiles.yaml"},
         *([{"name": "GPUPOOL_QUOTAS", "value": f"{CONFIG_MOUNT}/quotas.yaml"}] if d.quotas else []),
         {"name": "GPUPOOL_POLICY", "value": d.policy},
