@@ -76,9 +76,9 @@ def test_one_non_root_replica_with_its_secrets_referenced_never_inlined() -> Non
     env = {e["name"]: e for e in container["env"]}
     assert env["GPUPOOL_BACKEND"]["value"] == "kubernetes"
     assert env["GPUPOOL_KUBE_NAMESPACE"]["value"] == "jhub"
-    assert (
-        env["GPUPOOL_KUBE_JOB_IMAGE"]["value"] == SETTINGS.job_image
-    )  # the service refuses to start without it
+    # the service refuses to start without the jobs' image
+    assert env["GPUPOOL_KUBE_JOB_IMAGE"]["value"] == SETTINGS.job_image
+    assert env["GPUPOOL_SERVICE_URL"]["value"] == "http://gpupool.jhub.svc:10101/services/gpupool/"
     assert env["GPUPOOL_DB_URL"]["valueFrom"]["secretKeyRef"] == {"name": "gpupool-db", "key": "url"}
     assert env["JUPYTERHUB_API_TOKEN"]["valueFrom"]["secretKeyRef"] == {
         "name": "hub",

@@ -34,7 +34,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[KubeApiServer, Path]]:
         yield server, write_kubeconfig(tmp_path / "kubeconfig", server.url)
 
 
-async def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
+async def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:

@@ -41,6 +41,9 @@ TRAIN = Submission(
 )
 
 
+SERVICE_URL = "http://gpupool.jhub.svc:10101/services/gpupool/"
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[KubeApiServer, Path]]:
     with kube_apiserver("dgx-h100-mixed", "a100-40gb") as server:
@@ -51,7 +54,12 @@ class Service:
     """The service's pool and jobs as ``__main__`` wires them for ``GPUPOOL_BACKEND=kubernetes``."""
 
     def __init__(self, tmp: Path, kubeconfig: Path, **env: str) -> None:
-        settings = {"KUBECONFIG": str(kubeconfig), "GPUPOOL_KUBE_JOB_IMAGE": IMAGE, **env}
+        settings = {
+            "KUBECONFIG": str(kubeconfig),
+            "GPUPOOL_KUBE_JOB_IMAGE": IMAGE,
+            "GPUPOOL_SERVICE_URL": SERVICE_URL,
+            **env,
+        }
         self.backend = load_kube_pool(settings)
         self.manager = LeaseManager(self.backend.nodes, LeaseStore(sqlite_url(str(tmp / "leases.sqlite"))))
         runner = self.backend.job_runner(settings, grace=1)
@@ -72,7 +80,8 @@ class Service:
                 await asyncio.gather(loop, return_exceptions=True)
 
 
-async def eventually(condition: Callable[[], Any], what: str, timeout_s: float = 5.0) -> Any:
+async def eventually(condition: Callable[[], Any], what: str, timeout_s: float = 20.0) -> Any:
+    """``condition()`` once truthy; generous, because CI shares two cores with the stand-in's watches."""
     deadline = time.monotonic() + timeout_s
     while not (found := condition()):
         if time.monotonic() > deadline:
@@ -125,6 +134,7 @@ def test_a_job_becomes_a_batch_job_on_its_leased_node_reads_its_pods_log_and_suc
             env = {e["name"]: e["value"] for e in main["env"]}
             assert env["GPUPOOL_CHECKPOINT_DIR"] == f"/home/jovyan/.gpupool/jobs/{job.id}/checkpoints"
             assert env["GPUPOOL_JOB_ATTEMPT"] == "1" and env["GPUPOOL_LEASE_ID"] == lease.id
+            assert env["GPUPOOL_SERVICE_URL"] == SERVICE_URL  # the widgets inside the job find the service
             assert pod["securityContext"]["runAsUser"] == 1000
             assert created["spec"]["activeDeadlineSeconds"] == 3600 and "suspend" not in created["spec"]
             assert state(jobs, job) is JobState.RUNNING

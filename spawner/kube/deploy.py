@@ -151,6 +151,11 @@ def deployment(d: ServiceDeployment) -> JsonDict:
         {"name": "GPUPOOL_BACKEND", "value": "kubernetes"},
         {"name": "GPUPOOL_KUBE_NAMESPACE", "value": d.users},
         {"name": "GPUPOOL_KUBE_JOB_IMAGE", "value": d.job_image},
+        # what job pods (maybe in another namespace) get as GPUPOOL_SERVICE_URL, for the notebook widgets
+        {
+            "name": "GPUPOOL_SERVICE_URL",
+            "value": f"http://{d.name}.{d.namespace}.svc:{d.port}{SERVICE_PREFIX}",
+        },
         {"name": "GPUPOOL_PROFILES", "value": f"{CONFIG_MOUNT}/profiles.yaml"},
         *([{"name": "GPUPOOL_QUOTAS", "value": f"{CONFIG_MOUNT}/quotas.yaml"}] if d.quotas else []),
         {"name": "GPUPOOL_POLICY", "value": d.policy},

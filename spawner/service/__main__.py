@@ -30,7 +30,8 @@ JupyterHub sets ``JUPYTERHUB_SERVICE_URL`` (where to listen), ``JUPYTERHUB_SERVI
   Jobs then carry ``kueue.x-k8s.io/queue-name`` and start suspended until Kueue admits them);
   ``GPUPOOL_KUBE_HOME_CLAIM`` (the user's home PVC, default ``claim-{username}`` as KubeSpawner names it);
   ``GPUPOOL_KUBE_HOME_MOUNT`` (where the image expects the home, default ``/home/jovyan``);
-  ``GPUPOOL_KUBE_JOB_TTL_SECONDS`` (how long a finished Job, its pod and so its log stay; default 86400). The grace period
+  ``GPUPOOL_KUBE_JOB_TTL_SECONDS`` (how long a finished Job, its pod and so its log stay; default 86400);
+  ``GPUPOOL_SERVICE_URL`` (this service as job pods reach it, given to them for the notebook widgets). The grace period
   is ``GPUPOOL_JOB_GRACE_SECONDS``, as the pods' ``terminationGracePeriodSeconds``.
 
 Everything is read and checked before the port opens, so bad configuration stops the service at start-up.

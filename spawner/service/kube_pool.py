@@ -197,7 +197,8 @@ def job_runner_from_env(
     grace: float = 30.0,
 ) -> KubeJobRunner:
     """A :class:`.kube_runner.KubeJobRunner` from ``GPUPOOL_KUBE_JOB_IMAGE``, ``GPUPOOL_KUEUE_QUEUE``,
-    ``GPUPOOL_KUBE_HOME_CLAIM`` and ``GPUPOOL_KUBE_HOME_MOUNT``; SystemExit naming a missing or bad one."""
+    ``GPUPOOL_KUBE_HOME_CLAIM``, ``GPUPOOL_KUBE_HOME_MOUNT`` and ``GPUPOOL_SERVICE_URL`` (what job pods get
+    as theirs); SystemExit naming a missing or bad one."""
     image = (env.get("GPUPOOL_KUBE_JOB_IMAGE") or "").strip()
     if not image:
         raise SystemExit(
@@ -215,6 +216,7 @@ def job_runner_from_env(
             queue_name=env.get("GPUPOOL_KUEUE_QUEUE") or None,
             grace_seconds=math.ceil(grace),
             ttl_seconds_after_finished=int(ttl_raw),
+            service_url=(env.get("GPUPOOL_SERVICE_URL") or "").strip(),  # for the widgets inside a job
         )
         home_claim_name(settings, "gpupool-check")  # a bad template stops the service now, not at a job
     except ManifestError as error:
