@@ -29,6 +29,7 @@ from kubernetes_asyncio.config import kube_config
 from token_hub import token_hub
 
 from gpupool.spawner.hub.kube_spawner import KubeGPUSpawner
+from gpupool.spawner.kube.manifests import label_value
 
 NAMESPACE = "jhub"
 SPAWNER_TOKEN = "spawner-token"
@@ -131,7 +132,10 @@ def test_two_users_get_pods_on_their_leased_nodes_with_their_leased_resources(
     for pod in (alice_pod, bob_pod):
         assert pod["spec"]["nodeName"] == _node_of(pod)  # the stand-in's kubelet bound it there
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-        assert env["GPUPOOL_LEASE_ID"] == pod["metadata"]["labels"]["gpupool.io/lease"]
+        # the exact lease id in the annotation; the label carries it made a valid label value
+        lease_id = env["GPUPOOL_LEASE_ID"]
+        assert pod["metadata"]["annotations"]["gpupool.io/lease"] == lease_id
+        assert pod["metadata"]["labels"]["gpupool.io/lease"] == label_value(lease_id)
         assert "CUDA_VISIBLE_DEVICES" not in env  # the device plugin's part on a real node
         kubernetes_validate.validate(_as_submitted(pod), "1.30", strict=True)
     assert any("Asking gpupool for" in e for e in events), events
