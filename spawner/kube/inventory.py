@@ -3,7 +3,8 @@
 :meth:`KubeInventory.start` lists Nodes and Pods (all namespaces) once, then watches both from the lists'
 ``resourceVersion``. A watch that ends (its server-side timeout, an API server restart, a proxy dropping the
 connection) resumes from the last version it saw, so nothing is read twice and nothing is missed; a version
-the API server no longer keeps (410 Gone) makes that kind be listed afresh. Every change is judged at once:
+the API server no longer keeps (410 Gone) makes that kind be listed afresh (each kind is a
+:class:`.mirror.Mirror`). Every change is judged at once:
 when a node's health (:func:`.labels.node_problem`) or the GPU usage of other workloads on a node
 (:func:`.labels.external_usage`) changes, the callbacks hear of it, on the event loop.
 
@@ -13,23 +14,18 @@ tests can hand it the same dicts. It decides nothing: the service applies what i
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import aiohttp
-from kubernetes_asyncio import client, config, watch
-from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio import client, config
 
 from .labels import SHARED_RESOURCE, KubeNode, NodeLabelError, external_usage, node_problem, parse_node
+from .mirror import Mirror, Obj
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 HealthListener = Callable[[str, str | None], None]  # node, why it is out (None: healthy again)
 UsageListener = Callable[[str, dict[str, int]], None]  # node, GPU resource -> units other workloads hold
 
@@ -57,20 +53,44 @@ class KubeInventory:
         watch_timeout_s: int = 300,
         retry_s: float = 1.0,
     ) -> None:
-        self.core = client.CoreV1Api(api)
+        core = client.CoreV1Api(api)
         self.shared_resource = shared_resource
-        self.watch_timeout_s = watch_timeout_s
-        self.retry_s = retry_s
-        self.nodes: dict[str, Obj] = {}
-        self.pods: dict[str, Obj] = {}  # "namespace/name" -> pod
         self.problems: dict[str, str | None] = {}
         self.usage: dict[str, dict[str, int]] = {}
-        self.relists = 0
-        self.resumes = 0
         self._health_listeners: list[HealthListener] = []
         self._usage_listeners: list[UsageListener] = []
-        self._versions: dict[str, str] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._nodes = Mirror(
+            "nodes",
+            core.list_node,
+            on_change=self._nodes_changed,
+            watch_timeout_s=watch_timeout_s,
+            retry_s=retry_s,
+        )
+        self._pods = Mirror(
+            "pods",
+            core.list_pod_for_all_namespaces,
+            key=_pod_key,
+            on_change=self._pods_changed,
+            watch_timeout_s=watch_timeout_s,
+            retry_s=retry_s,
+        )
+
+    @property
+    def nodes(self) -> dict[str, Obj]:
+        return self._nodes.objects
+
+    @property
+    def pods(self) -> dict[str, Obj]:
+        """``namespace/name`` -> pod."""
+        return self._pods.objects
+
+    @property
+    def relists(self) -> int:
+        return self._nodes.relists + self._pods.relists
+
+    @property
+    def resumes(self) -> int:
+        return self._nodes.resumes + self._pods.resumes
 
     # ---- listening ---------------------------------------------------------------------------------------
 
@@ -99,95 +119,23 @@ class KubeInventory:
 
     async def list_all(self) -> None:
         """List nodes and pods afresh; listeners hear what differs from what the inventory held."""
-        await self._relist("nodes")
-        await self._relist("pods")
+        await self._nodes.relist()
+        await self._pods.relist()
 
     async def start(self) -> None:
         """List nodes and pods (so the inventory is complete when this returns), then watch in the background."""
-        await self.list_all()
-        self._task = asyncio.create_task(self._watch_both(), name="gpupool-kube-inventory")
+        await self._nodes.start()
+        await self._pods.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._nodes.stop()
+        await self._pods.stop()
 
-    async def _watch_both(self) -> None:
-        await asyncio.gather(self._watch("nodes"), self._watch("pods"))
+    def _nodes_changed(self, touched: list[Obj]) -> None:
+        self._judge_nodes({_name(node) for node in touched})
 
-    def _list_call(self, kind: str) -> Callable[..., Awaitable[Any]]:
-        return self.core.list_node if kind == "nodes" else self.core.list_pod_for_all_namespaces
-
-    async def _relist(self, kind: str) -> None:
-        """Replace everything known of ``kind`` with a fresh list; listeners hear what changed meanwhile."""
-        response = await self._list_call(kind)(_preload_content=False)
-        body = json.loads(await response.read())
-        items = {_key(kind, item): item for item in body.get("items") or []}
-        before = set(self.nodes if kind == "nodes" else self.pods)
-        if kind == "nodes":
-            self.nodes = items
-            self._judge_nodes(before | set(items))
-        else:
-            touched = {_node_of(p) for p in self.pods.values()} | {_node_of(p) for p in items.values()}
-            self.pods = items
-            self._judge_usage(touched)
-        self._versions[kind] = str(body["metadata"]["resourceVersion"])
-
-    async def _watch(self, kind: str) -> None:
-        """Watch ``kind`` forever: resume where a watch ended, relist on 410 Gone, wait a moment on errors."""
-        while True:
-            try:
-                async with watch.Watch(return_type="object") as stream:
-                    async for event in stream.stream(
-                        self._list_call(kind),
-                        resource_version=self._versions[kind],
-                        timeout_seconds=self.watch_timeout_s,
-                        allow_watch_bookmarks=True,
-                    ):
-                        self._apply(kind, event["type"], event["raw_object"])
-                        if stream.resource_version:
-                            self._versions[kind] = str(stream.resource_version)
-                self.resumes += 1
-                log.debug("watch of %s ended; resuming from %s", kind, self._versions[kind])
-            except ApiException as error:
-                if error.status == 410:
-                    self.relists += 1
-                    log.info("watch of %s: version %s is gone; listing afresh", kind, self._versions[kind])
-                    await self._relisted(kind)
-                else:
-                    log.warning("watch of %s failed (%s %s); retrying", kind, error.status, error.reason)
-                    await asyncio.sleep(self.retry_s)
-            except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
-                self.resumes += 1
-                log.warning("watch of %s lost (%s); resuming from %s", kind, error, self._versions[kind])
-                await asyncio.sleep(self.retry_s)
-
-    async def _relisted(self, kind: str) -> None:
-        while True:
-            try:
-                await self._relist(kind)
-                return
-            except (TimeoutError, ApiException, aiohttp.ClientError, ConnectionError) as error:
-                log.warning("listing %s failed (%s); retrying", kind, error)
-                await asyncio.sleep(self.retry_s)
-
-    def _apply(self, kind: str, event: str, obj: Obj) -> None:
-        if event not in ("ADDED", "MODIFIED", "DELETED"):
-            return  # BOOKMARK: only its version matters, and the watch took it
-        key = _key(kind, obj)
-        if kind == "nodes":
-            if event == "DELETED":
-                self.nodes.pop(key, None)
-            else:
-                self.nodes[key] = obj
-            self._judge_nodes({key})
-            return
-        old = self.pods.pop(key, None)
-        if event != "DELETED":
-            self.pods[key] = obj
-        self._judge_usage({_node_of(obj)} | ({_node_of(old)} if old else set()))
+    def _pods_changed(self, touched: list[Obj]) -> None:
+        self._judge_usage({_node_of(pod) for pod in touched})
 
     # ---- judging -----------------------------------------------------------------------------------------
 
@@ -228,9 +176,12 @@ class KubeInventory:
                 log.exception("inventory listener %r failed for node %s", listener, name)
 
 
-def _key(kind: str, obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("name")) if kind == "nodes" else f"{meta.get('namespace')}/{meta.get('name')}"
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name"))
+
+
+def _pod_key(pod: Mapping[str, Any]) -> str:
+    return f"{(pod.get('metadata') or {}).get('namespace')}/{_name(pod)}"
 
 
 def _node_of(pod: Mapping[str, Any]) -> str:

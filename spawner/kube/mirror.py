@@ -1,11 +1,12 @@
-"""One kind of object in one namespace, kept current by a watch: the cache the Kubernetes job runner reads.
+"""One kind of object, kept current by a watch: what the job runner and the inventory read.
 
-:meth:`Mirror.start` lists the objects that match a label selector, then watches them from the list's
-``resourceVersion`` in the background, as :mod:`.inventory` watches nodes and pods: a watch that ends resumes
-from the last version seen, a version the API server no longer keeps (410 Gone) makes it list afresh, and
-other errors are retried after ``retry_s``. Readers on the event loop read :attr:`Mirror.objects` (name ->
-the API's plain dict) without awaiting anything; :meth:`Mirror.remember` puts in an object this process just
-wrote, so a reader sees its own create before the watch reports it.
+:meth:`Mirror.start` lists the objects (of one namespace or all, by a label selector or not), then watches
+them from the list's ``resourceVersion`` in the background: a watch that ends resumes from the last version
+seen, a version the API server no longer keeps (410 Gone) makes it list afresh, and other errors are retried
+after ``retry_s``. It is the job runner's cache (:mod:`...service.kube_runner`) and the inventory's nodes and
+pods (:mod:`.inventory`). Readers on the event loop read :attr:`Mirror.objects` (key -> the API's plain
+dict) without awaiting anything; :meth:`Mirror.remember` puts in an object this process just wrote, so a
+reader sees its own create before the watch reports it.
 """
 
 from __future__ import annotations
@@ -27,15 +28,20 @@ Obj = dict[str, Any]
 
 
 class Mirror:
-    """The objects ``list_call`` lists in ``namespace`` with ``label_selector``; ``synced`` once listed."""
+    """The objects ``list_call`` lists (with ``namespace`` and ``label_selector`` when given), by ``key``
+    (default: the name); ``synced`` once listed. ``on_change`` hears the objects a watch event or a relist
+    touched, old and new versions both, so a listener can work out what it has to judge again.
+    ``relists`` and ``resumes`` count how the watch recovered (for logs and tests)."""
 
     def __init__(
         self,
         kind: str,
         list_call: Callable[..., Awaitable[Any]],
         *,
-        namespace: str,
-        label_selector: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        key: Callable[[Obj], str] | None = None,
+        on_change: Callable[[list[Obj]], None] | None = None,
         watch_timeout_s: int = 300,
         retry_s: float = 1.0,
     ) -> None:
@@ -43,8 +49,15 @@ class Mirror:
         self.objects: dict[str, Obj] = {}
         self.synced = False
         self.relists = 0
+        self.resumes = 0
         self._list = list_call
-        self._query = {"namespace": namespace, "label_selector": label_selector}
+        self._query = {
+            name: value
+            for name, value in (("namespace", namespace), ("label_selector", label_selector))
+            if value is not None
+        }
+        self._key = key or _name
+        self._on_change = on_change
         self._watch_timeout_s = watch_timeout_s
         self._retry_s = retry_s
         self._version = ""
@@ -52,12 +65,21 @@ class Mirror:
 
     def remember(self, obj: Obj) -> None:
         """Hold ``obj`` (a create's answer) until the watch reports it or something newer."""
-        self.objects[_name(obj)] = obj
+        self.objects[self._key(obj)] = obj
+
+    async def relist(self) -> None:
+        """Replace everything held with a fresh list; ``on_change`` hears every object before and after."""
+        response = await self._list(**self._query, _preload_content=False)
+        body = json.loads(await response.read())
+        before = self.objects
+        self.objects = {self._key(item): item for item in body.get("items") or []}
+        self._version = str(body["metadata"]["resourceVersion"])
+        self.synced = True
+        self._changed([*before.values(), *self.objects.values()])
 
     async def start(self) -> None:
         """List (so :attr:`objects` is complete when this returns), then watch in the background."""
-        await self._relist()
-        self.synced = True
+        await self.relist()
         self._task = asyncio.create_task(self._watch(), name=f"gpupool-mirror-{self.kind}")
 
     async def stop(self) -> None:
@@ -67,13 +89,8 @@ class Mirror:
                 await self._task
             self._task = None
 
-    async def _relist(self) -> None:
-        response = await self._list(**self._query, _preload_content=False)
-        body = json.loads(await response.read())
-        self.objects = {_name(item): item for item in body.get("items") or []}
-        self._version = str(body["metadata"]["resourceVersion"])
-
     async def _watch(self) -> None:
+        """Watch forever: resume where a watch ended, relist on 410 Gone, wait a moment on other errors."""
         while True:
             try:
                 async with watch.Watch(return_type="object") as stream:
@@ -87,6 +104,8 @@ class Mirror:
                         self._apply(event["type"], event["raw_object"])
                         if stream.resource_version:
                             self._version = str(stream.resource_version)
+                self.resumes += 1
+                log.debug("watch of %s ended; resuming from %s", self.kind, self._version)
             except ApiException as error:
                 if error.status == 410:
                     self.relists += 1
@@ -96,24 +115,35 @@ class Mirror:
                     log.warning("watch of %s failed (%s %s); retrying", self.kind, error.status, error.reason)
                     await asyncio.sleep(self._retry_s)
             except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
+                self.resumes += 1
                 log.warning("watch of %s lost (%s); resuming from %s", self.kind, error, self._version)
                 await asyncio.sleep(self._retry_s)
 
     async def _relisted(self) -> None:
         while True:
             try:
-                await self._relist()
+                await self.relist()
                 return
             except (TimeoutError, ApiException, aiohttp.ClientError, ConnectionError) as error:
                 log.warning("listing %s failed (%s); retrying", self.kind, error)
                 await asyncio.sleep(self._retry_s)
 
     def _apply(self, event: str, obj: Obj) -> None:
-        if event == "DELETED":
-            self.objects.pop(_name(obj), None)
-        elif event in ("ADDED", "MODIFIED"):
-            self.objects[_name(obj)] = obj
-        # BOOKMARK: only its version matters, and the watch took it
+        if event not in ("ADDED", "MODIFIED", "DELETED"):
+            return  # BOOKMARK: only its version matters, and the watch took it
+        key = self._key(obj)
+        old = self.objects.pop(key, None)
+        if event != "DELETED":
+            self.objects[key] = obj
+        self._changed([obj] if old is None else [old, obj])
+
+    def _changed(self, touched: list[Obj]) -> None:
+        if self._on_change is None:
+            return
+        try:
+            self._on_change(touched)
+        except Exception:  # a failing listener must not stop the watch
+            log.exception("listener of the %s watch failed", self.kind)
 
 
 def _name(obj: Obj) -> str:
