@@ -263,12 +263,12 @@ class PoolState:
                 hold(Request(0, 0, MigSlice(profile=name)), (position, index))
             if count > len(instances):
                 missing.append(f"{count - len(instances)} MIG {profile} instance(s)")
+        shares = [  # one share of each shared GPU, the size a full GPU's holders would each have
+            (GpuShare(max(1, FULL_MILLI // (gpu.max_shares or 10))), position)
+            for position, gpu in enumerate(node_state.gpus)
+            if gpu.mode is GpuMode.SHARED
+        ]
         for held in range(use.shares):
-            shares = [
-                (GpuShare(max(1, FULL_MILLI // (gpu.max_shares or 10))), position)
-                for position, gpu in enumerate(node_state.gpus)
-                if gpu.mode is GpuMode.SHARED
-            ]
             spot = next(
                 (
                     (share, p)

@@ -86,7 +86,6 @@ class JobManager:
         self.profiles = tuple(profiles)
         self.grace = grace
         self.max_queued = max_queued
-        self.home_root = home_root
         self._clock = clock
         self.runner: JobRunner = job_runner if job_runner is not None else LocalRunner(home_root)
         self._lock = threading.RLock()

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ from fastapi import FastAPI
 from ..kube.inventory import KubeInventory, connect
 from ..kube.jobs import JobSettings, home_claim_name
 from ..kube.labels import SHARED_RESOURCE
-from ..kube.manifests import ManifestError
+from ..kube.manifests import ManifestError, require_dns_label
 from ..kube.resources import outside_use
 from ..pool.devices import Node
 from ..telemetry.samples import Snapshot
@@ -54,7 +53,6 @@ from .kube_runner import KubeJobRunner
 from .leases import LeaseManager
 
 log = logging.getLogger(__name__)
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 @dataclass
@@ -152,8 +150,10 @@ class KubeSampler:
 def load_kube_pool(env: Mapping[str, str]) -> KubeBackend:
     """Read the settings and the cluster's nodes and pods once; SystemExit naming what is wrong."""
     namespace = env.get("GPUPOOL_KUBE_NAMESPACE") or "default"
-    if not _DNS_LABEL.fullmatch(namespace):
-        raise SystemExit(f"GPUPOOL_KUBE_NAMESPACE must be a namespace name such as jhub, got {namespace!r}")
+    try:
+        require_dns_label(namespace, "GPUPOOL_KUBE_NAMESPACE")
+    except ManifestError as error:
+        raise SystemExit(f"gpupool service: {error}") from None
     shared = env.get("GPUPOOL_KUBE_SHARED_RESOURCE") or SHARED_RESOURCE
     if "/" not in shared:
         raise SystemExit(
