@@ -19,6 +19,7 @@ import pytest
 from fastapi import FastAPI
 from kube_apiserver import KubeApiServer, kube_apiserver, write_kubeconfig
 
+from gpupool.spawner.kube.jobs import job_name
 from gpupool.spawner.pool.jobs import Job, JobState
 from gpupool.spawner.pool.profiles import Profile
 from gpupool.spawner.pool.requests import WholeGpus
@@ -26,7 +27,6 @@ from gpupool.spawner.service.job_input import InvalidJob
 from gpupool.spawner.service.job_store import JobStore
 from gpupool.spawner.service.jobs import JobManager, Submission
 from gpupool.spawner.service.kube_pool import load_kube_pool
-from gpupool.spawner.service.kube_runner import attempt_name
 from gpupool.spawner.service.leases import LeaseManager
 from gpupool.spawner.service.store import LeaseState, LeaseStore, sqlite_url
 
@@ -91,7 +91,7 @@ async def eventually(condition: Callable[[], Any], what: str, timeout_s: float =
 
 
 def kube_job(server: KubeApiServer, job: Job, attempt: int = 1) -> dict[str, Any] | None:
-    return server.get("jobs", attempt_name(job.id, attempt), "default")
+    return server.get("jobs", job_name(job.id, attempt), "default")
 
 
 def pod_of(server: KubeApiServer, name: str) -> dict[str, Any] | None:
@@ -105,7 +105,7 @@ def state(jobs: JobManager, job: Job) -> JobState:
 
 async def started(server: KubeApiServer, job: Job, attempt: int = 1) -> str:
     """Wait for the attempt's Job, start its pod as the kubelet would; the pod's name."""
-    name = attempt_name(job.id, attempt)
+    name = job_name(job.id, attempt)
     await eventually(lambda: kube_job(server, job, attempt), f"Job {name} created")
     return str(server.run_job(name)["metadata"]["name"])
 
@@ -169,7 +169,7 @@ def test_the_users_exit_code_fails_the_job_and_a_deadline_times_it_out(
             assert done.reason == "the command exited with status 3"
             slow, _ = jobs.submit("bob", [], TRAIN)
             await started(server, slow)
-            server.expire_job(attempt_name(slow.id, 1))
+            server.expire_job(job_name(slow.id, 1))
             await eventually(lambda: state(jobs, slow).finished, "the slow job to end")
             timed_out = jobs.get(slow.id)
             assert timed_out.state is JobState.TIMED_OUT and "3600 s" in timed_out.reason
@@ -218,9 +218,7 @@ def test_a_node_going_not_ready_stops_its_job_and_it_runs_again_on_a_healthy_nod
             assert server.get("pods", pod, "default")["spec"]["nodeName"] == first  # type: ignore[index]
             server.set_node_ready(first or "", False)
             await eventually(lambda: kube_job(server, job, 1) is None, "the first Job deleted")
-            deletes = [
-                q for m, p, q in server.requests if m == "DELETE" and p.endswith(attempt_name(job.id, 1))
-            ]
+            deletes = [q for m, p, q in server.requests if m == "DELETE" and p.endswith(job_name(job.id, 1))]
             assert deletes and deletes[0]["propagationPolicy"] == "Foreground"
             assert deletes[0]["gracePeriodSeconds"] == "1"
             assert server.get("pods", pod, "default") is None  # its pod went with it

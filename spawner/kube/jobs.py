@@ -111,9 +111,13 @@ def home_claim_name(settings: JobSettings, user: str) -> str:
     return require_dns_subdomain(claim.rstrip("-"), "settings.claim_template")
 
 
-def job_name(job_id: str) -> str:
-    """``gpupool-job-<id>`` as a valid Job name (at most 63, as the ``job-name`` label on its pods must be)."""
-    return dns_label(f"gpupool-job-{job_id}")
+ATTEMPT_ANNOTATION = "gpupool.io/attempt"
+
+
+def job_name(job_id: str, attempt: int = 1) -> str:
+    """``gpupool-job-<id>-<attempt>`` as a valid Job name (at most 63, as the ``job-name`` label on its pods
+    must be). Each attempt has a Job of its own, so a retry never waits for the last one's deletion."""
+    return dns_label(f"gpupool-job-{job_id}-{attempt}")
 
 
 def checkpoint_dir(settings: JobSettings, job_id: str) -> str:
@@ -168,8 +172,9 @@ def training_job(
     working_dir: str | None = None,
     shell: bool = False,
     home_claim: str | None = None,
+    attempt: int = 1,
 ) -> JsonDict:
-    """The ``batch/v1`` Job for one gpupool job on its lease (see the module docstring).
+    """The ``batch/v1`` Job for one attempt of a gpupool job on its lease (see the module docstring).
 
     ``image`` is the user's server image; ``home_claim`` the user's home PVC when the caller knows it (the
     spawner's ``pvc_name``), else :func:`home_claim_name`. ``working_dir`` relative to the home, default the
@@ -257,6 +262,11 @@ def training_job(
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": metadata(job_name(job_id), settings.namespace, job_meta_labels, annotations),
+        "metadata": metadata(
+            job_name(job_id, attempt),
+            settings.namespace,
+            job_meta_labels,
+            {**annotations, ATTEMPT_ANNOTATION: str(attempt)},
+        ),
         "spec": spec,
     }

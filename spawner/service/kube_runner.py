@@ -49,9 +49,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..kube.job_status import disrupted_pod, finished_condition, main_exit_code, owner_job, true_condition
-from ..kube.jobs import MAIN_CONTAINER, JobSettings, training_job
+from ..kube.jobs import MAIN_CONTAINER, JobSettings, job_name, training_job
 from ..kube.labels import SHARED_RESOURCE
-from ..kube.manifests import COMPONENT_LABEL, MANAGED_BY, JsonDict, ManifestError, dns_label
+from ..kube.manifests import COMPONENT_LABEL, MANAGED_BY, JsonDict, ManifestError
 from ..kube.mirror import Mirror, Obj
 from ..kube.resources import NotOnNode, kube_grant
 from ..pool.devices import Node
@@ -63,13 +63,7 @@ from .store import Lease
 log = logging.getLogger(__name__)
 
 SELECTOR = ",".join([*(f"{k}={v}" for k, v in MANAGED_BY.items()), f"{COMPONENT_LABEL}=training-job"])
-ATTEMPT_ANNOTATION = "gpupool.io/attempt"
 _LOG_ENTRIES = 128  # jobs whose log is cached at once
-
-
-def attempt_name(job_id: str, attempt: int) -> str:
-    """The Job of one attempt: ``gpupool-job-<id>-<attempt>`` as a valid name (hashed when it must be)."""
-    return dns_label(f"gpupool-job-{job_id}-{attempt}")
 
 
 class KubeJobRunner:
@@ -167,10 +161,8 @@ class KubeJobRunner:
             retries=0,
             env={**job.env, "GPUPOOL_JOB_ATTEMPT": str(job.attempts)},
             working_dir=None if relative == "." else relative,
+            attempt=job.attempts,
         )
-        meta = manifest["metadata"]
-        meta["name"] = attempt_name(job.id, job.attempts)
-        meta.setdefault("annotations", {})[ATTEMPT_ANNOTATION] = str(job.attempts)
         return manifest
 
     def launch(self, job: Job, lease: Lease, identity: Identity) -> Launched:
@@ -186,7 +178,7 @@ class KubeJobRunner:
         return Launched()
 
     def find(self, job: Job) -> Job | None:
-        name = attempt_name(job.id, job.attempts)
+        name = job_name(job.id, job.attempts)
         if name in self._creating or self.jobs is None or not self.jobs.synced:
             return job
         if name in self._create_failed:
@@ -197,7 +189,7 @@ class KubeJobRunner:
         return None if disrupted_pod(self._pods_of(name)) is not None else job
 
     def stop_run(self, job: Job, *, force: bool) -> None:
-        name = attempt_name(job.id, job.attempts)
+        name = job_name(job.id, job.attempts)
         if name in self._creating:
             self._stopping.add(name)
             return
@@ -208,7 +200,7 @@ class KubeJobRunner:
             self._spawn(lambda: self._delete_job(name))
 
     def outcome(self, job: Job) -> Outcome:
-        name = attempt_name(job.id, job.attempts)
+        name = job_name(job.id, job.attempts)
         if name in self._create_failed:
             return Outcome(
                 None, reason=f"its Kubernetes Job could not be created: {self._create_failed[name]}"
@@ -219,14 +211,14 @@ class KubeJobRunner:
         return job_outcome(found, self._pods_of(name))
 
     def finish(self, job: Job) -> None:
-        name = attempt_name(job.id, job.attempts)
+        name = job_name(job.id, job.attempts)
         self._create_failed.pop(name, None)
         found = self.jobs.objects.get(name) if self.jobs is not None else None
         if found is not None and finished_condition(found) is None:
             self._spawn(lambda: self._delete_job(name))  # a lost run's Job would start another pod
 
     def read_log(self, job: Job, offset: int, limit: int) -> bytes:
-        name = attempt_name(job.id, job.attempts)
+        name = job_name(job.id, job.attempts)
         cached = self._logs.get(job.id)
         if cached is not None and cached[0] != name:
             cached = None  # an earlier attempt's log
