@@ -31,7 +31,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, status
 from pydantic import BaseModel, Field
@@ -72,15 +72,17 @@ class WarningIn(BaseModel):
     reason: str = Field(min_length=1, description="why, in words a user reads")
 
 
+CullLimit = Literal["idle_timeout", "gpu_idle_timeout", "max_lifetime"]  # the profile limits a cull reaches
+CULL_LIMITS: tuple[str, ...] = get_args(CullLimit)
+
+
 class CullIn(BaseModel):
     """``POST culls``: the culler says it is stopping a server now, and which limit it reached."""
 
     user: str = Field(min_length=1)
     server: str = Field("", description="the server's name; empty for the default server")
     lease_id: str | None = Field(None, description="the server's lease")
-    limit: Literal["max_lifetime", "gpu_idle_timeout", "idle_timeout"] = Field(
-        description="the profile limit the server reached"
-    )
+    limit: CullLimit = Field(description="the profile limit the server reached")
     reason: str = Field(min_length=1, description="why, in words a user reads")
 
 

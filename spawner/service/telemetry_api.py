@@ -30,6 +30,7 @@ from ..pool.devices import GpuMode
 from ..pool.state import PoolState
 from ..telemetry.samples import Sample
 from .auth import Authenticator, Caller
+from .idle_api import CULL_LIMITS
 from .leases import LeaseManager
 from .store import LeaseState
 from .telemetry_loop import Telemetry
@@ -253,7 +254,7 @@ def _families(manager: LeaseManager, telemetry: Telemetry, now: float) -> Iterab
         "Servers the idle culler stopped since the service started, by the profile limit they reached",
         labels=["limit"],
     )
-    for limit in ("idle_timeout", "gpu_idle_timeout", "max_lifetime"):
+    for limit in CULL_LIMITS:
         culls.add_metric([limit], manager.culls[limit])
     yield culls
     yield GaugeMetricFamily(
