@@ -31,8 +31,8 @@ JupyterHub sets ``JUPYTERHUB_SERVICE_URL`` (where to listen), ``JUPYTERHUB_SERVI
   ``GPUPOOL_KUBE_HOME_CLAIM`` (the user's home PVC, default ``claim-{username}`` as KubeSpawner names it);
   ``GPUPOOL_KUBE_HOME_MOUNT`` (where the image expects the home, default ``/home/jovyan``);
   ``GPUPOOL_KUBE_JOB_TTL_SECONDS`` (how long a finished Job, its pod and so its log stay; default 86400);
-  ``GPUPOOL_SERVICE_URL`` (this service as job pods reach it, given to them for the notebook widgets). The grace period
-  is ``GPUPOOL_JOB_GRACE_SECONDS``, as the pods' ``terminationGracePeriodSeconds``.
+  ``GPUPOOL_SERVICE_URL`` (this service as job pods reach it, given to them for the notebook widgets). The
+  grace period is ``GPUPOOL_JOB_GRACE_SECONDS``, as the pods' ``terminationGracePeriodSeconds``.
 
 Everything is read and checked before the port opens, so bad configuration stops the service at start-up.
 """
@@ -144,8 +144,9 @@ def build(env: Mapping[str, str]) -> tuple[FastAPI, LeaseManager]:
         manager, profiles, backend=pool.backend, source=pool.source, auth=auth, prefix=prefix, jobs=jobs
     )
     usage = UsageStore(store.engine)  # the minutes the telemetry closes, kept for long-term reports
-    sampler = kube.sampler() if kube is not None else make_sampler(pool.backend, pool.nodes)
-    telemetry = Telemetry(manager, sampler, interval=sample_seconds(env), on_minutes=usage.add)
+    telemetry = Telemetry(
+        manager, make_sampler(pool.backend, pool.nodes), interval=sample_seconds(env), on_minutes=usage.add
+    )
     app.include_router(
         telemetry_router(manager, telemetry, auth, prefix=prefix, public_metrics=metrics_public(env))
     )

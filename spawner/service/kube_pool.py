@@ -126,9 +126,6 @@ class KubeBackend:
         SystemExit naming the setting that is wrong. ``grace`` is the job manager's stop grace period."""
         return job_runner_from_env(env, self.namespace, self.nodes, self.shared_resource, grace=grace)
 
-    def sampler(self) -> KubeSampler:
-        return KubeSampler()
-
 
 class KubeSampler:
     """No device telemetry on Kubernetes yet (dcgm-exporter is the way; not built): empty snapshots, never

@@ -60,7 +60,12 @@ def sample_seconds(env: Mapping[str, str]) -> float:
 def make_sampler(
     backend: str, nodes: Iterable[Node], *, nvml: ModuleType | None = None, pids_of: PidsOf | None = None
 ) -> Sampler:
-    """The sampler for the pool's backend: NVML on this host for "nvml", simulated otherwise."""
+    """The sampler for the pool's backend: NVML on this host for "nvml", none yet for "kubernetes" (empty
+    snapshots), simulated otherwise."""
+    if backend == "kubernetes":
+        from .kube_pool import KubeSampler  # only a cluster needs kubernetes_asyncio
+
+        return KubeSampler()
     if backend == "nvml":
         from ..backends.nvml_telemetry import NvmlSampler  # only a GPU host needs pynvml loaded
 
