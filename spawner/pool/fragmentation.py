@@ -8,8 +8,9 @@ expected fragment; placing a task where it grows that the least keeps the pool u
 
 from __future__ import annotations
 
+import statistics
 from bisect import bisect_right
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -36,13 +37,18 @@ def gpu_views(node: NodeState, free: Sequence[int] | None = None) -> list[GpuVie
 
 @dataclass(frozen=True)
 class TaskShape:
-    """A kind of task, by what it asks of one node (memory never enters fragmentation), and how common it is."""
+    """A kind of task, by what it asks of one node, and how common it is.
+
+    Shapes are told apart by CPU and GPUs only, as the FGD paper does; ``memory_mib`` is the median memory of
+    the tasks of that shape, which FGD ignores and :mod:`.feeding` reads.
+    """
 
     cpu_milli: int
     gpu_milli: int  # per GPU
     gpu_count: int
     products: frozenset[str]
     weight: float = 1.0
+    memory_mib: int = 0
 
 
 def shape_of(request: Request) -> tuple[int, int, int, frozenset[str]]:
@@ -60,7 +66,12 @@ def typical_shapes(requests: Iterable[Request], coverage: float = 0.95) -> tuple
     Shapes are taken most common first (ties: larger CPU, GPU share, GPU count, then products) until the
     running count reaches ``coverage``; the shape that crosses the line is kept, as the paper's simulator does.
     """
-    counts = Counter(shape_of(r) for r in requests)
+    counts: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
+    memory: defaultdict[tuple[int, int, int, frozenset[str]], Counter[int]] = defaultdict(Counter)
+    for request in requests:
+        shape = shape_of(request)
+        counts[shape] += 1
+        memory[shape][request.memory_mib] += 1
     ordered = sorted(
         counts.items(), key=lambda item: (item[1], *item[0][:3], ",".join(sorted(item[0][3]))), reverse=True
     )
@@ -73,7 +84,15 @@ def typical_shapes(requests: Iterable[Request], coverage: float = 0.95) -> tuple
         if running >= coverage * total:
             break
     kept_total = sum(count for _, count in kept)
-    return tuple(TaskShape(*shape, weight=count / kept_total) for shape, count in kept)
+    return tuple(
+        TaskShape(*shape, weight=count / kept_total, memory_mib=median_of_counts(memory[shape]))
+        for shape, count in kept
+    )
+
+
+def median_of_counts(values: Counter[int]) -> int:
+    """The median (rounded down) of values given as value -> how many times it occurs; 0 when there are none."""
+    return int(statistics.median(values.elements())) if values else 0
 
 
 class FragmentMeter:
