@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 from bisect import bisect_right
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -35,6 +35,13 @@ def gpu_views(node: NodeState, free: Sequence[int] | None = None) -> list[GpuVie
     ]
 
 
+Shape = tuple[int, int, int, frozenset[str]]
+"""What :func:`shape_of` tells tasks apart by: CPU milli, GPU milli per GPU, GPU count, allowed products."""
+
+Tally = dict[Shape, Counter[int]]
+"""Tasks counted by shape, and within a shape by memory MiB."""
+
+
 @dataclass(frozen=True)
 class TaskShape:
     """A kind of task, by what it asks of one node, and how common it is.
@@ -51,7 +58,7 @@ class TaskShape:
     memory_mib: int = 0
 
 
-def shape_of(request: Request) -> tuple[int, int, int, frozenset[str]]:
+def shape_of(request: Request) -> Shape:
     need = request.gpu
     if isinstance(need, WholeGpus):
         return (request.cpu_milli, FULL_MILLI, need.count, need.products)
@@ -60,23 +67,32 @@ def shape_of(request: Request) -> tuple[int, int, int, frozenset[str]]:
     return (request.cpu_milli, 0, 0, frozenset())
 
 
+def tally(requests: Iterable[Request], into: Tally | None = None) -> Tally:
+    """Count ``requests`` by shape and memory (added to ``into`` when given)."""
+    counts: Tally = {} if into is None else into
+    for request in requests:
+        counts.setdefault(shape_of(request), Counter())[request.memory_mib] += 1
+    return counts
+
+
 def typical_shapes(requests: Iterable[Request], coverage: float = 0.95) -> tuple[TaskShape, ...]:
-    """The most common task shapes that together make up ``coverage`` of ``requests``, with weights.
+    """The most common task shapes that together make up ``coverage`` of ``requests``, with weights."""
+    return shapes_of(tally(requests), coverage)
+
+
+def shapes_of(counts: Tally, coverage: float = 1.0) -> tuple[TaskShape, ...]:
+    """The most common shapes of a tally that together make up ``coverage`` of its tasks, with weights.
 
     Shapes are taken most common first (ties: larger CPU, GPU share, GPU count, then products) until the
     running count reaches ``coverage``; the shape that crosses the line is kept, as the paper's simulator does.
+    Each shape's memory is the median of its tasks'.
     """
-    counts: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
-    memory: defaultdict[tuple[int, int, int, frozenset[str]], Counter[int]] = defaultdict(Counter)
-    for request in requests:
-        shape = shape_of(request)
-        counts[shape] += 1
-        memory[shape][request.memory_mib] += 1
+    sized = [(shape, sum(memory.values())) for shape, memory in counts.items()]
     ordered = sorted(
-        counts.items(), key=lambda item: (item[1], *item[0][:3], ",".join(sorted(item[0][3]))), reverse=True
+        sized, key=lambda item: (item[1], *item[0][:3], ",".join(sorted(item[0][3]))), reverse=True
     )
-    total = sum(counts.values())
-    kept: list[tuple[tuple[int, int, int, frozenset[str]], int]] = []
+    total = sum(count for _, count in sized)
+    kept: list[tuple[Shape, int]] = []
     running = 0
     for shape, count in ordered:
         kept.append((shape, count))
@@ -85,14 +101,14 @@ def typical_shapes(requests: Iterable[Request], coverage: float = 0.95) -> tuple
             break
     kept_total = sum(count for _, count in kept)
     return tuple(
-        TaskShape(*shape, weight=count / kept_total, memory_mib=median_of_counts(memory[shape]))
+        TaskShape(*shape, weight=count / kept_total, memory_mib=_median(counts[shape]))
         for shape, count in kept
     )
 
 
-def median_of_counts(values: Counter[int]) -> int:
-    """The median (rounded down) of values given as value -> how many times it occurs; 0 when there are none."""
-    return int(statistics.median(values.elements())) if values else 0
+def _median(values: Counter[int]) -> int:
+    # The median (rounded down) of values given as value -> how many times it occurs.
+    return int(statistics.median(values.elements()))
 
 
 class FragmentMeter:

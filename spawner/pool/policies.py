@@ -17,13 +17,12 @@ from __future__ import annotations
 import math
 import random
 from abc import ABC, abstractmethod
-from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from .devices import FULL_MILLI
 from .feeding import FeedingMeter
-from .fragmentation import FragmentMeter, TaskShape, gpu_views, median_of_counts, shape_of, typical_shapes
+from .fragmentation import FragmentMeter, Tally, TaskShape, gpu_views, shapes_of, tally, typical_shapes
 from .mig import profile_memory_gb
 from .node_state import NodeState, Option
 from .requests import GpuShare, MigSlice, Request
@@ -197,10 +196,8 @@ class FragmentAware(IgnoresMemory, ScoringPolicy):
     def __init__(self, workload: Sequence[Request] | None = None) -> None:
         super().__init__()
         self._fixed = workload is not None
-        self._seen: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
-        self._seen_memory: defaultdict[tuple[int, int, int, frozenset[str]], Counter[int]] = defaultdict(
-            Counter
-        )
+        self._seen: Tally = {}
+        self._seen_total = 0
         self._next_refresh = 1
         self.set_shapes(typical_shapes(workload) if workload else ())
 
@@ -219,20 +216,11 @@ class FragmentAware(IgnoresMemory, ScoringPolicy):
         return super().select(request, candidates)
 
     def _learn(self, request: Request) -> None:
-        shape = shape_of(request)
-        self._seen[shape] += 1
-        self._seen_memory[shape][request.memory_mib] += 1
-        total = sum(self._seen.values())
-        if total >= self._next_refresh:
+        tally([request], into=self._seen)
+        self._seen_total += 1
+        if self._seen_total >= self._next_refresh:
             self._next_refresh *= 2
-            self.set_shapes(self._shapes_from_counts())
-
-    def _shapes_from_counts(self) -> tuple[TaskShape, ...]:
-        total = sum(self._seen.values())
-        return tuple(
-            TaskShape(*shape, weight=count / total, memory_mib=median_of_counts(self._seen_memory[shape]))
-            for shape, count in self._seen.items()
-        )
+            self.set_shapes(shapes_of(self._seen))
 
     def node_fragment(self, node: NodeState, cpu_free: int, memory_free: int, free: list[int]) -> float:
         """Expected fragment of ``node`` were this much CPU, memory and GPU (milli per position) free."""
