@@ -7,7 +7,8 @@ those unfed GPUs to FGD's fragment, at a lower weight, counting only what a fres
 have fed: a 96-core, 8-GPU node never feeds eight 18-core tasks, and filling it evenly is no damage.
 
 Measured on the Alibaba trace (``benchmarks/results/placement.md``), placing by the change in this measure
-allocates more than FGD on every workload, most on the CPU-heavy and model-constrained ones.
+allocates more than FGD at 130% of capacity arrived on every workload, most on the CPU-heavy and
+model-constrained ones; it refuses some rare very large tasks earlier (README).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from .fragmentation import GpuView, TaskShape
 UNFED_WEIGHT = 0.5
 """How much an unfed free GPU counts against a node, relative to a GPU too full for the task (FGD's 1).
 
-Unfed capacity can still come back (a CPU-only task ends, or a task that needs fewer cores arrives), so it
-counts half. At 1.0 the measure over-reacts on the multi-GPU workloads; at 0.5 it beat FGD on all of them.
+An unfed GPU is not lost for good (a CPU-only task may end, a task wanting few cores may still use it), so
+it counts half. At 1.0 the measure over-reacts on the multi-GPU workloads; at 0.5 it beat FGD on all of them.
 """
 
 _PLENTY = 1 << 30
