@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .devices import FULL_MILLI
-from .fragmentation import GpuView, TaskShape
+from .fragmentation import GpuView, TaskShape, serves_kind
 
 UNFED_WEIGHT = 0.5
 """How much an unfed free GPU counts against a node, relative to a GPU too full for the task (FGD's 1).
@@ -82,7 +81,7 @@ class FeedingMeter:
             fragment = 0.0
             right_kind = 0
             for product, free, shareable in gpus:
-                if (not products or product in products) and (shareable or gpu_milli == FULL_MILLI):
+                if serves_kind(product, shareable, gpu_milli, products):
                     right_kind += 1
                     if free >= gpu_milli:
                         usable.append(free)

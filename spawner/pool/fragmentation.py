@@ -42,6 +42,11 @@ Tally = dict[Shape, Counter[int]]
 """Tasks counted by shape, and within a shape by memory MiB."""
 
 
+def serves_kind(product: str, shareable: bool, gpu_milli: int, products: frozenset[str]) -> bool:
+    """Whether a GPU of this product and mode could ever serve a task wanting ``gpu_milli`` of one GPU."""
+    return (not products or product in products) and (shareable or gpu_milli == FULL_MILLI)
+
+
 @dataclass(frozen=True)
 class TaskShape:
     """A kind of task, by what it asks of one node, and how common it is.
@@ -151,11 +156,7 @@ class FragmentMeter:
             usable = 0
             fragment = 0
             for product, free, shareable in gpus:
-                if (
-                    (not products or product in products)
-                    and free >= gpu_milli
-                    and (shareable or gpu_milli == FULL_MILLI)
-                ):
+                if free >= gpu_milli and serves_kind(product, shareable, gpu_milli, products):
                     usable += 1
                 else:
                     fragment += free

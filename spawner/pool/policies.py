@@ -109,10 +109,6 @@ def _cpu_and_devices(node: NodeState) -> object:
     return (node.cpu_free, node.gpu_state_id)
 
 
-def _cpu_memory_and_devices(node: NodeState) -> object:
-    return (node.cpu_free, node.mem_free, node.gpu_state_id)
-
-
 class IgnoresMemory:
     """Mixin for scoring policies whose scores read CPU and devices but never memory."""
 
@@ -187,7 +183,7 @@ class RandomFit(PlacementPolicy):
         return node, options[self._random.randrange(len(options))]
 
 
-class FragmentAware(IgnoresMemory, ScoringPolicy):
+class FragmentAware(ScoringPolicy):
     """Shared machinery of the fragmentation-aware policies: the workload's typical shapes and a meter.
 
     Given no workload, the policy learns it from the requests it places, re-reading it as the count doubles.
@@ -255,13 +251,18 @@ class FragmentAware(IgnoresMemory, ScoringPolicy):
         """Turn the fragment change of one option into a comparable score."""
 
 
-class Fgd(FragmentAware):
+def fgd_gradient(change: float) -> int:
+    """FGD's score of a fragment change Δ (milli): ⌊100·σ(Δ/1000)⌋, 50 for no change, coarse on purpose."""
+    return math.floor(100 / (1 + math.exp(-change / FULL_MILLI)))
+
+
+class Fgd(IgnoresMemory, FragmentAware):
     """FGD as published: ⌊100·σ(Δ/1000)⌋ of the fragment change Δ."""
 
     name = "fgd"
 
     def rate(self, node: NodeState, request: Request, option: Option, change: float) -> Score:
-        return (math.floor(100 / (1 + math.exp(-change / FULL_MILLI))),)
+        return (fgd_gradient(change),)
 
 
 class GpuPool(FragmentAware):
@@ -282,9 +283,6 @@ class GpuPool(FragmentAware):
         super().set_shapes(shapes)
         self.feeding = FeedingMeter(shapes)
 
-    def memo_keys(self, request: Request) -> tuple[object, Callable[[NodeState], object]]:
-        return (request.cpu_milli, request.memory_mib, request.gpu), _cpu_memory_and_devices
-
     def node_fragment(self, node: NodeState, cpu_free: int, memory_free: int, free: list[int]) -> float:
         capacity = (node.node.cpu_milli, node.node.memory_mib)
         return self.feeding.fragment(capacity, cpu_free, memory_free, gpu_views(node, free))
@@ -294,12 +292,11 @@ class GpuPool(FragmentAware):
         return score[:1], option  # nodes compare by the gradient alone
 
     def rate(self, node: NodeState, request: Request, option: Option, change: float) -> Score:
-        gradient = math.floor(100 / (1 + math.exp(-change / FULL_MILLI)))
         need = request.gpu
         leftover = (
             self.meter.unfillable(node.free[option[0]] - need.milli) if isinstance(need, GpuShare) else 0
         )
-        return (gradient, -leftover)
+        return (fgd_gradient(change), -leftover)
 
 
 POLICIES: dict[str, type[PlacementPolicy]] = {
