@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,15 @@ class Service:
         self.app = FastAPI()
         self.backend.attach(self.app, self.manager, self.jobs)
 
+    def run(self, scenario: Callable[[JobManager], Awaitable[None]]) -> None:
+        """Run ``scenario`` against the job manager while the service runs (its watches and its job loop)."""
+
+        async def main() -> None:
+            async with self.running() as jobs:
+                await scenario(jobs)
+
+        asyncio.run(main())
+
     @asynccontextmanager
     async def running(self) -> AsyncIterator[JobManager]:
         async with self.app.router.lifespan_context(self.app):
@@ -114,163 +123,151 @@ def test_a_job_becomes_a_batch_job_on_its_leased_node_reads_its_pods_log_and_suc
     cluster: tuple[KubeApiServer, Path], tmp_path: Path
 ) -> None:
     server, kubeconfig = cluster
-    service = Service(tmp_path, kubeconfig)
 
-    async def scenario() -> None:
-        async with service.running() as jobs:
-            job, _ = jobs.submit("alice", [], TRAIN)
-            lease = jobs.leases.get(job.lease_id or "")
-            assert lease.state is LeaseState.GRANTED and lease.node == A100
-            created = await eventually(lambda: kube_job(server, job), "the Job")
-            kubernetes_validate.validate(created, "1.30", strict=True)
-            pod = created["spec"]["template"]["spec"]
-            main = pod["containers"][0]
-            affinity = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-            assert affinity["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == [A100]
-            assert main["resources"]["limits"] == {"cpu": "2000m", "memory": "4096Mi", "nvidia.com/gpu": "1"}
-            assert main["image"] == IMAGE and main["command"] == ["python", "train.py", "--epochs", "3"]
-            assert main["workingDir"] == "/home/jovyan/work"
-            assert pod["volumes"] == [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-alice"}}]
-            env = {e["name"]: e["value"] for e in main["env"]}
-            assert env["GPUPOOL_CHECKPOINT_DIR"] == f"/home/jovyan/.gpupool/jobs/{job.id}/checkpoints"
-            assert env["GPUPOOL_JOB_ATTEMPT"] == "1" and env["GPUPOOL_LEASE_ID"] == lease.id
-            assert env["GPUPOOL_SERVICE_URL"] == SERVICE_URL  # the widgets inside the job find the service
-            assert pod["securityContext"]["runAsUser"] == 1000
-            assert created["spec"]["activeDeadlineSeconds"] == 3600 and "suspend" not in created["spec"]
-            assert state(jobs, job) is JobState.RUNNING
-            name = server.run_job(created["metadata"]["name"])["metadata"]["name"]
-            server.set_pod_log(name, "epoch 1 loss 0.9\nepoch 2 loss 0.5\n")
-            await eventually(
-                lambda: jobs.read_log(jobs.get(job.id)) == b"epoch 1 loss 0.9\nepoch 2 loss 0.5\n", "log"
-            )
-            assert jobs.read_log(jobs.get(job.id), offset=17) == b"epoch 2 loss 0.5\n"
-            server.finish_pod(name, 0)
-            await eventually(lambda: state(jobs, job) is JobState.SUCCEEDED, "the job to succeed")
-            assert jobs.get(job.id).exit_code == 0
-            assert jobs.leases.get(lease.id).state is LeaseState.RELEASED
-            assert jobs.leases.pool.allocations == {}
+    async def scenario(jobs: JobManager) -> None:
+        job, _ = jobs.submit("alice", [], TRAIN)
+        lease = jobs.leases.get(job.lease_id or "")
+        assert lease.state is LeaseState.GRANTED and lease.node == A100
+        created = await eventually(lambda: kube_job(server, job), "the Job")
+        kubernetes_validate.validate(created, "1.30", strict=True)
+        pod = created["spec"]["template"]["spec"]
+        main = pod["containers"][0]
+        affinity = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert affinity["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == [A100]
+        assert main["resources"]["limits"] == {"cpu": "2000m", "memory": "4096Mi", "nvidia.com/gpu": "1"}
+        assert main["image"] == IMAGE and main["command"] == ["python", "train.py", "--epochs", "3"]
+        assert main["workingDir"] == "/home/jovyan/work"
+        assert pod["volumes"] == [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-alice"}}]
+        env = {e["name"]: e["value"] for e in main["env"]}
+        assert env["GPUPOOL_CHECKPOINT_DIR"] == f"/home/jovyan/.gpupool/jobs/{job.id}/checkpoints"
+        assert env["GPUPOOL_JOB_ATTEMPT"] == "1" and env["GPUPOOL_LEASE_ID"] == lease.id
+        assert env["GPUPOOL_SERVICE_URL"] == SERVICE_URL  # the widgets inside the job find the service
+        assert pod["securityContext"]["runAsUser"] == 1000
+        assert created["spec"]["activeDeadlineSeconds"] == 3600 and "suspend" not in created["spec"]
+        assert state(jobs, job) is JobState.RUNNING
+        name = server.run_job(created["metadata"]["name"])["metadata"]["name"]
+        server.set_pod_log(name, "epoch 1 loss 0.9\nepoch 2 loss 0.5\n")
+        await eventually(
+            lambda: jobs.read_log(jobs.get(job.id)) == b"epoch 1 loss 0.9\nepoch 2 loss 0.5\n", "log"
+        )
+        assert jobs.read_log(jobs.get(job.id), offset=17) == b"epoch 2 loss 0.5\n"
+        server.finish_pod(name, 0)
+        await eventually(lambda: state(jobs, job) is JobState.SUCCEEDED, "the job to succeed")
+        assert jobs.get(job.id).exit_code == 0
+        assert jobs.leases.get(lease.id).state is LeaseState.RELEASED
+        assert jobs.leases.pool.allocations == {}
 
-    asyncio.run(scenario())
+    Service(tmp_path, kubeconfig).run(scenario)
 
 
 def test_the_users_exit_code_fails_the_job_and_a_deadline_times_it_out(
     cluster: tuple[KubeApiServer, Path], tmp_path: Path
 ) -> None:
     server, kubeconfig = cluster
-    service = Service(tmp_path, kubeconfig)
 
-    async def scenario() -> None:
-        async with service.running() as jobs:
-            failing, _ = jobs.submit("alice", [], TRAIN)
-            server.finish_pod(await started(server, failing), 3)
-            await eventually(lambda: state(jobs, failing).finished, "the failing job to end")
-            done = jobs.get(failing.id)
-            assert done.state is JobState.FAILED and done.exit_code == 3 and done.requeues == 0
-            assert done.reason == "the command exited with status 3"
-            slow, _ = jobs.submit("bob", [], TRAIN)
-            await started(server, slow)
-            server.expire_job(job_name(slow.id, 1))
-            await eventually(lambda: state(jobs, slow).finished, "the slow job to end")
-            timed_out = jobs.get(slow.id)
-            assert timed_out.state is JobState.TIMED_OUT and "3600 s" in timed_out.reason
-            assert jobs.leases.pool.allocations == {}
+    async def scenario(jobs: JobManager) -> None:
+        failing, _ = jobs.submit("alice", [], TRAIN)
+        server.finish_pod(await started(server, failing), 3)
+        await eventually(lambda: state(jobs, failing).finished, "the failing job to end")
+        done = jobs.get(failing.id)
+        assert done.state is JobState.FAILED and done.exit_code == 3 and done.requeues == 0
+        assert done.reason == "the command exited with status 3"
+        slow, _ = jobs.submit("bob", [], TRAIN)
+        await started(server, slow)
+        server.expire_job(job_name(slow.id, 1))
+        await eventually(lambda: state(jobs, slow).finished, "the slow job to end")
+        timed_out = jobs.get(slow.id)
+        assert timed_out.state is JobState.TIMED_OUT and "3600 s" in timed_out.reason
+        assert jobs.leases.pool.allocations == {}
 
-    asyncio.run(scenario())
+    Service(tmp_path, kubeconfig).run(scenario)
 
 
 def test_a_disrupted_pod_requeues_the_job_and_a_new_job_runs_attempt_2(
     cluster: tuple[KubeApiServer, Path], tmp_path: Path
 ) -> None:
     server, kubeconfig = cluster
-    service = Service(tmp_path, kubeconfig)
 
-    async def scenario() -> None:
-        async with service.running() as jobs:
-            job, _ = jobs.submit("alice", [], TRAIN)
-            pod = await started(server, job)
-            server.disrupt_pod(pod, "PreemptionByScheduler", "preempted by a higher-priority pod")
-            second = await eventually(lambda: kube_job(server, job, 2), "attempt 2's Job")
-            assert kube_job(server, job, 1) is None  # the lost attempt's Job was deleted, not left to retry
-            history = [t.state for t in jobs.get(job.id).history]
-            assert history == [JobState.QUEUED, JobState.RUNNING, JobState.REQUEUED, JobState.RUNNING]
-            assert "PreemptionByScheduler" in jobs.get(job.id).history[2].reason
-            env = {e["name"]: e["value"] for e in second["spec"]["template"]["spec"]["containers"][0]["env"]}
-            assert env["GPUPOOL_JOB_ATTEMPT"] == "2" and env["GPUPOOL_LEASE_ID"] == f"{job.id}-2"
-            server.finish_pod(server.run_job(second["metadata"]["name"])["metadata"]["name"], 0)
-            await eventually(lambda: state(jobs, job) is JobState.SUCCEEDED, "attempt 2 to succeed")
-            assert jobs.get(job.id).attempts == 2
+    async def scenario(jobs: JobManager) -> None:
+        job, _ = jobs.submit("alice", [], TRAIN)
+        pod = await started(server, job)
+        server.disrupt_pod(pod, "PreemptionByScheduler", "preempted by a higher-priority pod")
+        second = await eventually(lambda: kube_job(server, job, 2), "attempt 2's Job")
+        assert kube_job(server, job, 1) is None  # the lost attempt's Job was deleted, not left to retry
+        history = [t.state for t in jobs.get(job.id).history]
+        assert history == [JobState.QUEUED, JobState.RUNNING, JobState.REQUEUED, JobState.RUNNING]
+        assert "PreemptionByScheduler" in jobs.get(job.id).history[2].reason
+        env = {e["name"]: e["value"] for e in second["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["GPUPOOL_JOB_ATTEMPT"] == "2" and env["GPUPOOL_LEASE_ID"] == f"{job.id}-2"
+        server.finish_pod(server.run_job(second["metadata"]["name"])["metadata"]["name"], 0)
+        await eventually(lambda: state(jobs, job) is JobState.SUCCEEDED, "attempt 2 to succeed")
+        assert jobs.get(job.id).attempts == 2
 
-    asyncio.run(scenario())
+    Service(tmp_path, kubeconfig).run(scenario)
 
 
 def test_a_node_going_not_ready_stops_its_job_and_it_runs_again_on_a_healthy_node(
     cluster: tuple[KubeApiServer, Path], tmp_path: Path
 ) -> None:
     server, kubeconfig = cluster
-    service = Service(tmp_path, kubeconfig)
 
-    async def scenario() -> None:
-        async with service.running() as jobs:
-            job, _ = jobs.submit("alice", [], Submission(profile="gpu", command=["python", "train.py"]))
-            first = jobs.leases.get(job.lease_id or "").node
-            other = A100 if first == H100 else H100
-            pod = await started(server, job)
-            assert server.get("pods", pod, "default")["spec"]["nodeName"] == first  # type: ignore[index]
-            server.set_node_ready(first or "", False)
-            await eventually(lambda: kube_job(server, job, 1) is None, "the first Job deleted")
-            deletes = [q for m, p, q in server.requests if m == "DELETE" and p.endswith(job_name(job.id, 1))]
-            assert deletes and deletes[0]["propagationPolicy"] == "Foreground"
-            assert deletes[0]["gracePeriodSeconds"] == "1"
-            assert server.get("pods", pod, "default") is None  # its pod went with it
-            second = await eventually(lambda: kube_job(server, job, 2), "attempt 2's Job")
-            terms = second["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
-            node = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
-            assert node["matchExpressions"][0]["values"] == [other]
-            assert jobs.leases.get(f"{job.id}-2").node == other
-            assert f"node {first} was marked unhealthy" in jobs.get(job.id).history[2].reason
-            assert state(jobs, job) is JobState.RUNNING
+    async def scenario(jobs: JobManager) -> None:
+        job, _ = jobs.submit("alice", [], Submission(profile="gpu", command=["python", "train.py"]))
+        first = jobs.leases.get(job.lease_id or "").node
+        other = A100 if first == H100 else H100
+        pod = await started(server, job)
+        assert server.get("pods", pod, "default")["spec"]["nodeName"] == first  # type: ignore[index]
+        server.set_node_ready(first or "", False)
+        await eventually(lambda: kube_job(server, job, 1) is None, "the first Job deleted")
+        deletes = [q for m, p, q in server.requests if m == "DELETE" and p.endswith(job_name(job.id, 1))]
+        assert deletes and deletes[0]["propagationPolicy"] == "Foreground"
+        assert deletes[0]["gracePeriodSeconds"] == "1"
+        assert server.get("pods", pod, "default") is None  # its pod went with it
+        second = await eventually(lambda: kube_job(server, job, 2), "attempt 2's Job")
+        terms = second["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+        node = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+        assert node["matchExpressions"][0]["values"] == [other]
+        assert jobs.leases.get(f"{job.id}-2").node == other
+        assert f"node {first} was marked unhealthy" in jobs.get(job.id).history[2].reason
+        assert state(jobs, job) is JobState.RUNNING
 
-    asyncio.run(scenario())
+    Service(tmp_path, kubeconfig).run(scenario)
 
 
 def test_cancelling_a_running_job_deletes_its_kubernetes_job(
     cluster: tuple[KubeApiServer, Path], tmp_path: Path
 ) -> None:
     server, kubeconfig = cluster
-    service = Service(tmp_path, kubeconfig)
 
-    async def scenario() -> None:
-        async with service.running() as jobs:
-            job, _ = jobs.submit("alice", [], TRAIN)
-            await started(server, job)
-            jobs.cancel(job.id, "user alice")
-            await eventually(lambda: state(jobs, job) is JobState.CANCELLED, "the job cancelled")
-            assert kube_job(server, job) is None and server.objects("pods", "default") == []
-            assert jobs.get(job.id).reason == "cancelled by user alice"
-            assert jobs.leases.pool.allocations == {}
+    async def scenario(jobs: JobManager) -> None:
+        job, _ = jobs.submit("alice", [], TRAIN)
+        await started(server, job)
+        jobs.cancel(job.id, "user alice")
+        await eventually(lambda: state(jobs, job) is JobState.CANCELLED, "the job cancelled")
+        assert kube_job(server, job) is None and server.objects("pods", "default") == []
+        assert jobs.get(job.id).reason == "cancelled by user alice"
+        assert jobs.leases.pool.allocations == {}
 
-    asyncio.run(scenario())
+    Service(tmp_path, kubeconfig).run(scenario)
 
 
 def test_with_kueue_the_job_is_created_suspended_in_its_queue(
     cluster: tuple[KubeApiServer, Path], tmp_path: Path
 ) -> None:
     server, kubeconfig = cluster
-    service = Service(tmp_path, kubeconfig, GPUPOOL_KUEUE_QUEUE="team-a")
 
-    async def scenario() -> None:
-        async with service.running() as jobs:
-            job, _ = jobs.submit("alice", [], TRAIN)
-            created = await eventually(lambda: kube_job(server, job), "the Job")
-            kubernetes_validate.validate(created, "1.30", strict=True)
-            assert created["spec"]["suspend"] is True
-            assert created["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
-            with pytest.raises(ValueError, match="suspended"):
-                server.run_job(created["metadata"]["name"])
-            await asyncio.sleep(0.2)
-            assert state(jobs, job) is JobState.RUNNING  # waiting for Kueue is not an end
+    async def scenario(jobs: JobManager) -> None:
+        job, _ = jobs.submit("alice", [], TRAIN)
+        created = await eventually(lambda: kube_job(server, job), "the Job")
+        kubernetes_validate.validate(created, "1.30", strict=True)
+        assert created["spec"]["suspend"] is True
+        assert created["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        with pytest.raises(ValueError, match="suspended"):
+            server.run_job(created["metadata"]["name"])
+        await asyncio.sleep(0.2)
+        assert state(jobs, job) is JobState.RUNNING  # waiting for Kueue is not an end
 
-    asyncio.run(scenario())
+    Service(tmp_path, kubeconfig, GPUPOOL_KUEUE_QUEUE="team-a").run(scenario)
 
 
 def test_a_working_dir_outside_the_containers_home_is_refused_naming_the_field(
