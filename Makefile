@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest bench clean
+.PHONY: run test lint typecheck pytest bench clean kube-build kube-up
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,17 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy spawner widgets
 
-pytest: $(STAMP)
+pytest: $(STAMP) kube-build
 	$(BIN)/pytest -q
+
+# etcd, kube-apiserver, kube-scheduler and kube-controller-manager from their Go modules, built once into
+# ~/.cache/gpupool/kube (GPUPOOL_KUBE_CACHE) and reused while the pinned versions match.
+kube-build: $(STAMP)
+	$(BIN)/python -m gpupool.spawner.kube.local.build
+
+# A real control plane with the demo pool's nodes (POOL=file for another); prints KUBECONFIG=... when Ready.
+kube-up: kube-build
+	$(BIN)/gpupool kube up $(if $(POOL),--pool $(POOL))
 
 # The placement table of the README: make bench TRACE=path/to/cluster-trace-gpu-v2023 (see the README).
 bench: $(STAMP)

@@ -163,6 +163,7 @@ def _parser() -> argparse.ArgumentParser:
         "--db-secret", default="gpupool-db", metavar="NAME", help="Secret whose key 'url' is the database URL"
     )
     manifests.set_defaults(handler=_kube_manifests)
+    _local_cluster().add_up_command(kube_commands)
 
     _job_commands().add_job_commands(commands)
     _admin_commands().add_admin_commands(commands)
@@ -173,6 +174,11 @@ def _job_commands() -> Any:
     """The job commands live on the notebook side (``gpupool.widgets``, a client of the service's API); the
     admin side reaches them by name so that it does not depend on that outer layer."""
     return importlib.import_module("gpupool.widgets.jobs_cli")
+
+
+def _local_cluster() -> Any:
+    """``gpupool kube up``: loaded by name so that other commands do not import the kubelet's web server."""
+    return importlib.import_module("gpupool.spawner.kube.local.cluster")
 
 
 def _admin_commands() -> Any:
