@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from kube_cluster import LocalKube, local_kube  # noqa: E402
+from kube_cluster import LocalKube, local_kube
 
 
 @pytest.fixture(scope="session")
