@@ -55,6 +55,20 @@ if os.geteuid() == 0:
     # jupyter-server refuses without this flag. Production (jupyterhub_config.py) spawns as system users.
     c.Spawner.args = ["--allow-root"]
 
+# With --kubeconfig, servers are pods on that cluster, on the node and resources of their lease. Made for
+# `gpupool kube up`'s local cluster: its kubelet runs the pod's command (the singleuser server above) on this
+# machine at an address of the pod's own, which the hub reaches on loopback.
+if settings.kubeconfig:
+    os.environ["KUBECONFIG"] = settings.kubeconfig  # KubeSpawner's client reads it
+    c.JupyterHub.spawner_class = "gpupool.spawner.hub.kube_spawner.KubeGPUSpawner"
+    c.JupyterHub.hub_connect_ip = "127.0.0.1"
+    c.KubeGPUSpawner.namespace = up.KUBE_NAMESPACE
+    c.KubeGPUSpawner.image = up.KUBE_LOCAL_IMAGE
+    c.KubeGPUSpawner.service_url = settings.service_url
+    c.KubeGPUSpawner.service_api_token = up.spawner_token(state)
+    if os.environ.get("GPUPOOL_PROFILES"):
+        c.KubeGPUSpawner.profiles_file = os.environ["GPUPOOL_PROFILES"]
+
 # The demo login: one admin user whose generated password `gpupool up` prints; only on loopback (checked by
 # `gpupool up` before it gets here). Without it, JupyterHub's default (PAM) or an -f file decides.
 if settings.demo_login:

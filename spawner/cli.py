@@ -79,6 +79,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="a pool file (simulated backend); default: this host's GPUs, else the demo pool",
     )
+    hub.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="spawn servers as pods on this cluster with KubeGPUSpawner, its nodes being the pool "
+        "(e.g. the KUBECONFIG that `gpupool kube up` prints)",
+    )
     hub.add_argument("--ip", default="127.0.0.1", help="where users connect (default 127.0.0.1)")
     hub.add_argument("--port", type=int, default=8000, help="the public port (default 8000)")
     hub.add_argument(
@@ -194,6 +200,7 @@ def _up(args: argparse.Namespace) -> int:
         pool=args.pool,
         extra_config=tuple(args.extra_config),
         demo_login=args.demo_login,
+        kubeconfig=args.kubeconfig,
     )
     up.run(prepared)  # does not return: this process becomes JupyterHub
     return 0

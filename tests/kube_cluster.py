@@ -10,6 +10,8 @@ every Kubernetes test fails with the reason; none is skipped.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -192,3 +194,97 @@ def workload_pod(
 def wait_for_file(path: Path) -> list[str]:
     """A container command that runs until ``path`` exists, then exits 0."""
     return ["sh", "-c", f"while [ ! -e '{path}' ]; do sleep 0.1; done"]
+
+
+# Where each kind of object is created (the paths the API server serves them under).
+_PATHS = {
+    "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
+    "ConfigMap": "/api/v1/namespaces/{ns}/configmaps",
+    "Service": "/api/v1/namespaces/{ns}/services",
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+    "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
+}
+
+
+def apply(kube: LocalKube, obj: Obj) -> Obj:
+    """Create ``obj`` as ``kubectl apply`` would the first time (the API server validates it)."""
+    path = _PATHS[obj["kind"]].format(ns=obj["metadata"].get("namespace", ""))
+    return kube.request("POST", path, obj)
+
+
+def service_account_kubeconfig(kube: LocalKube, namespace: str, path: Path) -> Path:
+    """Apply the ServiceAccount and RBAC that ``gpupool kube manifests --namespace <namespace>`` prints, and
+    write a kubeconfig that acts as that ServiceAccount (a token from the TokenRequest API): the service then
+    runs with exactly the rights the manifests give it."""
+    printed = subprocess.run(
+        [sys.executable, "-m", "gpupool.spawner.cli", "kube", "manifests", "--namespace", namespace],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    account = ""
+    for document in yaml.safe_load_all(printed):
+        if document["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
+            apply(kube, document)
+        if document["kind"] == "ServiceAccount":
+            account = document["metadata"]["name"]
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 7200},
+    }
+    token = kube.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token", request)
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "local",
+                "cluster": {"server": kube.url, "certificate-authority": str(kube.plane.pki.ca.cert)},
+            }
+        ],
+        "users": [{"name": account, "user": {"token": token["status"]["token"]}}],
+        "contexts": [
+            {"name": "local", "context": {"cluster": "local", "user": account, "namespace": namespace}}
+        ],
+        "current-context": "local",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def home_claim(kube: LocalKube, namespace: str, user: str) -> None:
+    """The user's home claim (``claim-<user>``, as KubeSpawner names it), bound by the real PersistentVolume
+    controller to a volume made for it: the scheduler places no pod whose claim is unbound. (The kubelet
+    mounts nothing; see :mod:`gpupool.spawner.kube.local.kubelet`.)"""
+    volume = f"home-{namespace}-{user}"
+    kube.request(
+        "POST",
+        "/api/v1/persistentvolumes",
+        {
+            "metadata": {"name": volume},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "hostPath": {"path": f"/tmp/{volume}"},
+                "claimRef": {"namespace": namespace, "name": f"claim-{user}"},
+                "storageClassName": "",
+            },
+        },
+    )
+    kube.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/persistentvolumeclaims",
+        {
+            "metadata": {"name": f"claim-{user}"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}},
+                "storageClassName": "",
+                "volumeName": volume,
+            },
+        },
+    )

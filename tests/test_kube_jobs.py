@@ -1,23 +1,31 @@
-"""Jobs on Kubernetes: the real job manager, lease manager and store on the cluster's pool, its Kubernetes runner
-talking real ``kubernetes_asyncio`` over HTTP to the API server stand-in, which plays kubelet and the Job
-controller when a test says so. A job becomes a ``batch/v1`` Job on its leased node; how the pod ends decides
-the job's state (success, the user's exit code, a disruption requeued, a deadline); a node going NotReady
-stops and requeues its job elsewhere; cancel deletes the Job; the log comes from the pod; with Kueue the Job
-starts suspended."""
+"""Jobs on Kubernetes against the real control plane: the real job manager, lease manager and store, its
+Kubernetes runner acting as the ServiceAccount ``gpupool kube manifests`` creates; the real Job controller runs
+the ``batch/v1`` Jobs, the real scheduler binds their pods to the leased node, and gpupool's simulated kubelet
+runs the job's command there as a process, so the exit code, the log and the timing are the command's own.
+A command's exit code decides success or failure; the Job's deadline times a job out; an eviction (the
+``DisruptionTarget`` condition) requeues it as attempt 2; a node whose kubelet falls silent goes NotReady
+through the node-lifecycle controller and its job runs again on a healthy node; cancel deletes the Job and
+its pod; with Kueue the Job starts suspended and the Job controller starts no pod."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 from fastapi import FastAPI
-from kube_apiserver import KubeApiServer, kube_apiserver, write_kubeconfig
+from kube_cluster import (
+    A100,
+    LocalKube,
+    home_claim,
+    l4_node,
+    own_node,
+    service_account_kubeconfig,
+)
 
 from gpupool.spawner.kube.jobs import job_name
 from gpupool.spawner.pool.jobs import Job, JobState
@@ -30,32 +38,33 @@ from gpupool.spawner.service.kube_pool import load_kube_pool
 from gpupool.spawner.service.leases import LeaseManager
 from gpupool.spawner.service.store import LeaseState, LeaseStore, sqlite_url
 
-H100, A100 = "dgx-h100-01", "gpu-a100-01"
 IMAGE = "registry.example.org/gpupool-singleuser:1.0"
 PROFILES = [
     Profile("a100", "One A100", 2000, 4096, WholeGpus(1, frozenset({"A100-40GB"})), max_lifetime=3600),
-    Profile("gpu", "Any whole GPU", 2000, 4096, WholeGpus(1), max_lifetime=3600),
+    Profile("l4", "One L4", 2000, 4096, WholeGpus(1, frozenset({"L4-24GB"})), max_lifetime=3600),
+    Profile("short", "One A100 for 3 s", 2000, 4096, WholeGpus(1, frozenset({"A100-40GB"})), max_lifetime=3),
 ]
-TRAIN = Submission(
-    profile="a100", command=["python", "train.py", "--epochs", "3"], working_dir="/home/jovyan/work"
-)
-
-
 SERVICE_URL = "http://gpupool.jhub.svc:10101/services/gpupool/"
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[KubeApiServer, Path]]:
-    with kube_apiserver("dgx-h100-mixed", "a100-40gb") as server:
-        yield server, write_kubeconfig(tmp_path / "kubeconfig", server.url)
+def until_file(path: Path, *lines: str, exit_code: int = 0) -> list[str]:
+    """A job command that prints ``lines``, waits for ``path`` to exist, then exits with ``exit_code``."""
+    echo = "".join(f"echo '{line}'; " for line in lines)
+    return ["sh", "-c", f"{echo}while [ ! -e '{path}' ]; do sleep 0.1; done; exit {exit_code}"]
 
 
 class Service:
-    """The service's pool and jobs as ``__main__`` wires them for ``GPUPOOL_BACKEND=kubernetes``."""
+    """The service's pool and jobs as ``__main__`` wires them for ``GPUPOOL_BACKEND=kubernetes``, in a
+    namespace of the test's own, as the manifests' ServiceAccount."""
 
-    def __init__(self, tmp: Path, kubeconfig: Path, **env: str) -> None:
+    def __init__(self, kube: LocalKube, tmp: Path, **env: str) -> None:
+        self.kube = kube
+        self.namespace = kube.namespace("jobs")
+        for user in ("alice", "bob"):
+            home_claim(kube, self.namespace, user)
         settings = {
-            "KUBECONFIG": str(kubeconfig),
+            "KUBECONFIG": str(service_account_kubeconfig(kube, self.namespace, tmp / "kubeconfig")),
+            "GPUPOOL_KUBE_NAMESPACE": self.namespace,
             "GPUPOOL_KUBE_JOB_IMAGE": IMAGE,
             "GPUPOOL_SERVICE_URL": SERVICE_URL,
             **env,
@@ -88,54 +97,51 @@ class Service:
                 loop.cancel()
                 await asyncio.gather(loop, return_exceptions=True)
 
+    def kube_job(self, job: Job, attempt: int = 1) -> dict[str, Any] | None:
+        return self.kube.get(f"/apis/batch/v1/namespaces/{self.namespace}/jobs/{job_name(job.id, attempt)}")
 
-async def eventually(condition: Callable[[], Any], what: str, timeout_s: float = 20.0) -> Any:
-    """``condition()`` once truthy; generous, because CI shares two cores with the stand-in's watches."""
+    def pods(self, job: Job, attempt: int = 1) -> list[dict[str, Any]]:
+        selector = f"batch.kubernetes.io/job-name={job_name(job.id, attempt)}"
+        return self.kube.items(f"/api/v1/namespaces/{self.namespace}/pods", labelSelector=selector)
+
+    def running_pod(self, job: Job, attempt: int = 1) -> dict[str, Any] | None:
+        running = [p for p in self.pods(job, attempt) if p.get("status", {}).get("phase") == "Running"]
+        return running[0] if running else None
+
+
+async def eventually(condition: Callable[[], Any], what: str, timeout_s: float = 45.0) -> Any:
+    """``condition()`` once truthy; generous, because CI shares two cores with the whole control plane."""
     deadline = time.monotonic() + timeout_s
-    while not (found := condition()):
+    while not (found := await asyncio.to_thread(condition)):
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
     return found
-
-
-def kube_job(server: KubeApiServer, job: Job, attempt: int = 1) -> dict[str, Any] | None:
-    return server.get("jobs", job_name(job.id, attempt), "default")
-
-
-def pod_of(server: KubeApiServer, name: str) -> dict[str, Any] | None:
-    pods = [p for p in server.objects("pods", "default") if p["metadata"]["labels"].get("job-name") == name]
-    return pods[0] if pods else None
 
 
 def state(jobs: JobManager, job: Job) -> JobState:
     return jobs.get(job.id).state
 
 
-async def started(server: KubeApiServer, job: Job, attempt: int = 1) -> str:
-    """Wait for the attempt's Job, start its pod as the kubelet would; the pod's name."""
-    name = job_name(job.id, attempt)
-    await eventually(lambda: kube_job(server, job, attempt), f"Job {name} created")
-    return str(server.run_job(name)["metadata"]["name"])
-
-
 def test_a_job_becomes_a_batch_job_on_its_leased_node_reads_its_pods_log_and_succeeds(
-    cluster: tuple[KubeApiServer, Path], tmp_path: Path
+    kube: LocalKube, tmp_path: Path
 ) -> None:
-    server, kubeconfig = cluster
+    service = Service(kube, tmp_path)
+    done = tmp_path / "done"
+    command = until_file(done, "epoch 1 loss 0.9", "epoch 2 loss 0.5")
 
     async def scenario(jobs: JobManager) -> None:
-        job, _ = jobs.submit("alice", [], TRAIN)
+        job, _ = jobs.submit(
+            "alice", [], Submission(profile="a100", command=command, working_dir="/home/jovyan/work")
+        )
         lease = jobs.leases.get(job.lease_id or "")
         assert lease.state is LeaseState.GRANTED and lease.node == A100
-        created = await eventually(lambda: kube_job(server, job), "the Job")
-        kubernetes_validate.validate(created, "1.30", strict=True)
+        created = await eventually(lambda: service.kube_job(job), "the Job")
         pod = created["spec"]["template"]["spec"]
         main = pod["containers"][0]
-        affinity = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-        assert affinity["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == [A100]
-        assert main["resources"]["limits"] == {"cpu": "2000m", "memory": "4096Mi", "nvidia.com/gpu": "1"}
-        assert main["image"] == IMAGE and main["command"] == ["python", "train.py", "--epochs", "3"]
+        # the API server stores quantities in canonical form (2000m is 2, 4096Mi is 4Gi)
+        assert main["resources"]["limits"] == {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"}
+        assert main["image"] == IMAGE and main["command"] == command
         assert main["workingDir"] == "/home/jovyan/work"
         assert pod["volumes"] == [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-alice"}}]
         env = {e["name"]: e["value"] for e in main["env"]}
@@ -143,137 +149,158 @@ def test_a_job_becomes_a_batch_job_on_its_leased_node_reads_its_pods_log_and_suc
         assert env["GPUPOOL_JOB_ATTEMPT"] == "1" and env["GPUPOOL_LEASE_ID"] == lease.id
         assert env["GPUPOOL_SERVICE_URL"] == SERVICE_URL  # the widgets inside the job find the service
         assert pod["securityContext"]["runAsUser"] == 1000
-        assert created["spec"]["activeDeadlineSeconds"] == 3600 and "suspend" not in created["spec"]
+        assert created["spec"]["activeDeadlineSeconds"] == 3600 and created["spec"].get("suspend") is False
+        running = await eventually(lambda: service.running_pod(job), "the Job's pod running")
+        assert running["spec"]["nodeName"] == A100  # bound by the real scheduler to the leased node
         assert state(jobs, job) is JobState.RUNNING
-        name = server.run_job(created["metadata"]["name"])["metadata"]["name"]
-        server.set_pod_log(name, "epoch 1 loss 0.9\nepoch 2 loss 0.5\n")
+        expected = b"epoch 1 loss 0.9\nepoch 2 loss 0.5\n"
         await eventually(
-            lambda: jobs.read_log(jobs.get(job.id)) == b"epoch 1 loss 0.9\nepoch 2 loss 0.5\n", "log"
+            lambda: jobs.read_log(jobs.get(job.id)) == expected, "the log, through the API server"
         )
         assert jobs.read_log(jobs.get(job.id), offset=17) == b"epoch 2 loss 0.5\n"
-        server.finish_pod(name, 0)
+        done.touch()
         await eventually(lambda: state(jobs, job) is JobState.SUCCEEDED, "the job to succeed")
         assert jobs.get(job.id).exit_code == 0
         assert jobs.leases.get(lease.id).state is LeaseState.RELEASED
         assert jobs.leases.pool.allocations == {}
 
-    Service(tmp_path, kubeconfig).run(scenario)
+    service.run(scenario)
 
 
 def test_the_users_exit_code_fails_the_job_and_a_deadline_times_it_out(
-    cluster: tuple[KubeApiServer, Path], tmp_path: Path
+    kube: LocalKube, tmp_path: Path
 ) -> None:
-    server, kubeconfig = cluster
+    service = Service(kube, tmp_path)
+    done = tmp_path / "done"
 
     async def scenario(jobs: JobManager) -> None:
-        failing, _ = jobs.submit("alice", [], TRAIN)
-        server.finish_pod(await started(server, failing), 3)
+        failing, _ = jobs.submit(
+            "alice", [], Submission(profile="a100", command=until_file(done, exit_code=3))
+        )
+        await eventually(lambda: service.running_pod(failing), "the failing job's pod running")
+        done.touch()
         await eventually(lambda: state(jobs, failing).finished, "the failing job to end")
-        done = jobs.get(failing.id)
-        assert done.state is JobState.FAILED and done.exit_code == 3 and done.requeues == 0
-        assert done.reason == "the command exited with status 3"
-        slow, _ = jobs.submit("bob", [], TRAIN)
-        await started(server, slow)
-        server.expire_job(job_name(slow.id, 1))
-        await eventually(lambda: state(jobs, slow).finished, "the slow job to end")
+        ended = jobs.get(failing.id)
+        assert ended.state is JobState.FAILED and ended.exit_code == 3 and ended.requeues == 0
+        assert ended.reason == "the command exited with status 3"
+        slow, _ = jobs.submit("bob", [], Submission(profile="short", command=["sleep", "600"]))
+        await eventually(lambda: state(jobs, slow).finished, "the slow job to end", timeout_s=60)
         timed_out = jobs.get(slow.id)
-        assert timed_out.state is JobState.TIMED_OUT and "3600 s" in timed_out.reason
-        assert jobs.leases.pool.allocations == {}
+        assert timed_out.state is JobState.TIMED_OUT and "3 s" in timed_out.reason, timed_out.reason
+        await eventually(lambda: jobs.leases.pool.allocations == {}, "every lease released")
 
-    Service(tmp_path, kubeconfig).run(scenario)
+    service.run(scenario)
 
 
-def test_a_disrupted_pod_requeues_the_job_and_a_new_job_runs_attempt_2(
-    cluster: tuple[KubeApiServer, Path], tmp_path: Path
+def test_an_evicted_pod_requeues_the_job_and_a_new_job_runs_attempt_2(
+    kube: LocalKube, tmp_path: Path
 ) -> None:
-    server, kubeconfig = cluster
+    service = Service(kube, tmp_path)
+    done = tmp_path / "done"
 
     async def scenario(jobs: JobManager) -> None:
-        job, _ = jobs.submit("alice", [], TRAIN)
-        pod = await started(server, job)
-        server.disrupt_pod(pod, "PreemptionByScheduler", "preempted by a higher-priority pod")
-        second = await eventually(lambda: kube_job(server, job, 2), "attempt 2's Job")
-        assert kube_job(server, job, 1) is None  # the lost attempt's Job was deleted, not left to retry
+        job, _ = jobs.submit("alice", [], Submission(profile="a100", command=until_file(done)))
+        pod = await eventually(lambda: service.running_pod(job), "attempt 1's pod running")
+        name = pod["metadata"]["name"]
+        eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name}}
+        kube.request("POST", f"/api/v1/namespaces/{service.namespace}/pods/{name}/eviction", eviction)
+        second = await eventually(lambda: service.kube_job(job, 2), "attempt 2's Job")
+        await eventually(
+            lambda: service.kube_job(job, 1) is None, "attempt 1's Job deleted, not left to retry"
+        )
         history = [t.state for t in jobs.get(job.id).history]
         assert history == [JobState.QUEUED, JobState.RUNNING, JobState.REQUEUED, JobState.RUNNING]
-        assert "PreemptionByScheduler" in jobs.get(job.id).history[2].reason
+        assert "EvictionByEvictionAPI" in jobs.get(job.id).history[2].reason
         env = {e["name"]: e["value"] for e in second["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert env["GPUPOOL_JOB_ATTEMPT"] == "2" and env["GPUPOOL_LEASE_ID"] == f"{job.id}-2"
-        server.finish_pod(server.run_job(second["metadata"]["name"])["metadata"]["name"], 0)
+        await eventually(lambda: service.running_pod(job, 2), "attempt 2's pod running")
+        done.touch()
         await eventually(lambda: state(jobs, job) is JobState.SUCCEEDED, "attempt 2 to succeed")
         assert jobs.get(job.id).attempts == 2
 
-    Service(tmp_path, kubeconfig).run(scenario)
+    service.run(scenario)
 
 
-def test_a_node_going_not_ready_stops_its_job_and_it_runs_again_on_a_healthy_node(
-    cluster: tuple[KubeApiServer, Path], tmp_path: Path
+def test_a_node_whose_kubelet_falls_silent_stops_its_job_and_it_runs_again_on_a_healthy_node(
+    kube: LocalKube, tmp_path: Path
 ) -> None:
-    server, kubeconfig = cluster
+    with own_node(kube, l4_node("l4-jobs-a")) as first, own_node(kube, l4_node("l4-jobs-b")) as second:
+        service = Service(kube, tmp_path)
+        agents = {first.name: first, second.name: second}
+
+        async def scenario(jobs: JobManager) -> None:
+            job, _ = jobs.submit("alice", [], Submission(profile="l4", command=["sleep", "600"]))
+            leased = jobs.leases.get(job.lease_id or "").node or ""
+            other = next(name for name in agents if name != leased)
+            pod = await eventually(lambda: service.running_pod(job), "attempt 1's pod running")
+            assert pod["spec"]["nodeName"] == leased
+            agents[leased].go_silent()
+            await eventually(lambda: service.kube_job(job, 1) is None, "the first Job deleted", timeout_s=60)
+            second_job = await eventually(lambda: service.kube_job(job, 2), "attempt 2's Job")
+            terms = second_job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+            node = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+            assert node["matchExpressions"][0]["values"] == [other]
+            assert jobs.leases.get(f"{job.id}-2").node == other
+            assert f"node {leased} was marked unhealthy" in jobs.get(job.id).history[2].reason
+            moved = await eventually(lambda: service.running_pod(job, 2), "attempt 2's pod running")
+            assert moved["spec"]["nodeName"] == other
+            jobs.cancel(job.id, "the test")
+            await eventually(lambda: state(jobs, job) is JobState.CANCELLED, "the job cancelled")
+
+        service.run(scenario)
+
+
+def test_cancelling_a_running_job_deletes_its_kubernetes_job_and_stops_its_command(
+    kube: LocalKube, tmp_path: Path
+) -> None:
+    service = Service(kube, tmp_path)
+    alive = tmp_path / "alive"
 
     async def scenario(jobs: JobManager) -> None:
-        job, _ = jobs.submit("alice", [], Submission(profile="gpu", command=["python", "train.py"]))
-        first = jobs.leases.get(job.lease_id or "").node
-        other = A100 if first == H100 else H100
-        pod = await started(server, job)
-        assert server.get("pods", pod, "default")["spec"]["nodeName"] == first  # type: ignore[index]
-        server.set_node_ready(first or "", False)
-        await eventually(lambda: kube_job(server, job, 1) is None, "the first Job deleted")
-        deletes = [q for m, p, q in server.requests if m == "DELETE" and p.endswith(job_name(job.id, 1))]
-        assert deletes and deletes[0]["propagationPolicy"] == "Foreground"
-        assert deletes[0]["gracePeriodSeconds"] == "1"
-        assert server.get("pods", pod, "default") is None  # its pod went with it
-        second = await eventually(lambda: kube_job(server, job, 2), "attempt 2's Job")
-        terms = second["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
-        node = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
-        assert node["matchExpressions"][0]["values"] == [other]
-        assert jobs.leases.get(f"{job.id}-2").node == other
-        assert f"node {first} was marked unhealthy" in jobs.get(job.id).history[2].reason
-        assert state(jobs, job) is JobState.RUNNING
-
-    Service(tmp_path, kubeconfig).run(scenario)
-
-
-def test_cancelling_a_running_job_deletes_its_kubernetes_job(
-    cluster: tuple[KubeApiServer, Path], tmp_path: Path
-) -> None:
-    server, kubeconfig = cluster
-
-    async def scenario(jobs: JobManager) -> None:
-        job, _ = jobs.submit("alice", [], TRAIN)
-        await started(server, job)
+        command = [
+            "sh",
+            "-c",
+            f"trap 'rm -f {alive}; exit 143' TERM; touch {alive}; while true; do sleep 0.1; done",
+        ]
+        job, _ = jobs.submit("alice", [], Submission(profile="a100", command=command))
+        await eventually(alive.exists, "the command started")
         jobs.cancel(job.id, "user alice")
         await eventually(lambda: state(jobs, job) is JobState.CANCELLED, "the job cancelled")
-        assert kube_job(server, job) is None and server.objects("pods", "default") == []
+        await eventually(
+            lambda: service.kube_job(job) is None and service.pods(job) == [], "Job and pod gone"
+        )
+        assert not alive.exists()  # the command had its SIGTERM
         assert jobs.get(job.id).reason == "cancelled by user alice"
         assert jobs.leases.pool.allocations == {}
 
-    Service(tmp_path, kubeconfig).run(scenario)
+    service.run(scenario)
 
 
-def test_with_kueue_the_job_is_created_suspended_in_its_queue(
-    cluster: tuple[KubeApiServer, Path], tmp_path: Path
-) -> None:
-    server, kubeconfig = cluster
+def test_with_kueue_the_job_is_created_suspended_and_no_pod_starts(kube: LocalKube, tmp_path: Path) -> None:
+    service = Service(kube, tmp_path, GPUPOOL_KUEUE_QUEUE="team-a")
 
     async def scenario(jobs: JobManager) -> None:
-        job, _ = jobs.submit("alice", [], TRAIN)
-        created = await eventually(lambda: kube_job(server, job), "the Job")
-        kubernetes_validate.validate(created, "1.30", strict=True)
+        job, _ = jobs.submit("alice", [], Submission(profile="a100", command=["true"]))
+        created = await eventually(lambda: service.kube_job(job), "the Job")
         assert created["spec"]["suspend"] is True
         assert created["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
-        with pytest.raises(ValueError, match="suspended"):
-            server.run_job(created["metadata"]["name"])
-        await asyncio.sleep(0.2)
+        await eventually(
+            lambda: any(
+                c["type"] == "Suspended"
+                for c in (service.kube_job(job) or {}).get("status", {}).get("conditions", [])
+            ),
+            "the Job controller to take it as suspended",
+        )
+        assert service.pods(job) == []
         assert state(jobs, job) is JobState.RUNNING  # waiting for Kueue is not an end
 
-    Service(tmp_path, kubeconfig, GPUPOOL_KUEUE_QUEUE="team-a").run(scenario)
+    service.run(scenario)
 
 
 def test_a_working_dir_outside_the_containers_home_is_refused_naming_the_field(
-    cluster: tuple[KubeApiServer, Path], tmp_path: Path
+    kube: LocalKube, tmp_path: Path
 ) -> None:
-    service = Service(tmp_path, cluster[1])
+    service = Service(kube, tmp_path)
     with pytest.raises(InvalidJob, match=r"working_dir: /etc is outside your home /home/jovyan"):
         service.jobs.submit("alice", [], Submission(profile="a100", command=["true"], working_dir="/etc"))
     with pytest.raises(InvalidJob, match="working_dir: must be a plain absolute path"):
@@ -284,9 +311,9 @@ def test_a_working_dir_outside_the_containers_home_is_refused_naming_the_field(
 
 
 def test_the_kubernetes_backend_without_a_job_image_stops_at_start_up(
-    cluster: tuple[KubeApiServer, Path], tmp_path: Path
+    kube: LocalKube, tmp_path: Path
 ) -> None:
-    backend = load_kube_pool({"KUBECONFIG": str(cluster[1])})
+    backend = load_kube_pool({"KUBECONFIG": str(kube.kubeconfig(tmp_path / "kubeconfig"))})
     with pytest.raises(SystemExit, match="GPUPOOL_KUBE_JOB_IMAGE must name the image"):
         backend.job_runner({})
     with pytest.raises(SystemExit, match="GPUPOOL_KUEUE_QUEUE: expected an RFC 1123 label"):

@@ -8,7 +8,7 @@ import copy
 from typing import Any
 
 import pytest
-from kube_apiserver import load_fixture
+from kube_cluster import load_fixture
 
 from gpupool.spawner.kube.labels import NodeLabelError, external_usage, lay_out, node_problem, parse_node
 from gpupool.spawner.kube.resources import kube_grant, outside_use

@@ -1,19 +1,20 @@
-"""The real gpupool service process with ``GPUPOOL_BACKEND=kubernetes`` against the API server stand-in: ``GET
-pool`` shows the cluster's nodes as the "kubernetes" backend, and a node going NotReady shows there."""
+"""The real gpupool service process with ``GPUPOOL_BACKEND=kubernetes`` against the real API server, acting as
+the ServiceAccount that ``gpupool kube manifests`` creates, with exactly the roles it prints: ``GET pool`` shows
+the cluster's nodes as the "kubernetes" backend, and a node whose kubelet falls silent shows as unhealthy there
+once the node-lifecycle controller has marked it."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from hub_harness import free_port, service_command
-from kube_apiserver import kube_apiserver, write_kubeconfig
+from kube_cluster import A100, H100, LocalKube, l4_node, own_node, service_account_kubeconfig
 from token_hub import token_hub
 
 ADMIN = {
@@ -23,21 +24,17 @@ ADMIN = {
 }
 
 
-@pytest.fixture
-def hub_api() -> Iterator[str]:
-    with token_hub({"admin-token": ADMIN}) as url:
-        yield url
-
-
-def test_the_service_on_kubernetes_shows_the_clusters_nodes_and_their_health(
-    tmp_path: Path, hub_api: str
+def test_the_service_with_its_own_rbac_shows_the_clusters_nodes_and_their_health(
+    kube: LocalKube, tmp_path: Path
 ) -> None:
+    namespace = kube.namespace("svc")
+    kubeconfig = service_account_kubeconfig(kube, namespace, tmp_path / "kubeconfig")
     port = free_port()
-    with kube_apiserver("dgx-h100-mixed", "a100-40gb") as cluster:
+    with own_node(kube, l4_node("l4-svc")) as agent, token_hub({"admin-token": ADMIN}) as hub_api:
         env = os.environ | {
             "GPUPOOL_BACKEND": "kubernetes",
-            "KUBECONFIG": str(write_kubeconfig(tmp_path / "kubeconfig", cluster.url)),
-            "GPUPOOL_KUBE_NAMESPACE": "jhub",
+            "KUBECONFIG": str(kubeconfig),
+            "GPUPOOL_KUBE_NAMESPACE": namespace,
             "GPUPOOL_KUBE_JOB_IMAGE": "registry.example.org/gpupool-singleuser:1.0",
             "GPUPOOL_DB_URL": f"sqlite:///{tmp_path}/gpupool.sqlite",
             "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}",
@@ -46,28 +43,33 @@ def test_the_service_on_kubernetes_shows_the_clusters_nodes_and_their_health(
             "GPUPOOL_SAMPLE_SECONDS": "0",
         }
         env.pop("KUBERNETES_SERVICE_HOST", None)
-        log = (tmp_path / "service.log").open("wb")
-        process = subprocess.Popen(service_command(), env=env, cwd=tmp_path, stdout=log, stderr=log)
+        log_path = tmp_path / "service.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(service_command(), env=env, cwd=tmp_path, stdout=log, stderr=log)
         url = f"http://127.0.0.1:{port}/services/gpupool/api/v1/pool"
         try:
-            pool = _wait_for_pool(url, process, tmp_path)
+            pool = _wait_for_pool(url, process, log_path)
             assert pool["backend"] == "kubernetes"
-            assert pool["source"] == f"Kubernetes API at {cluster.url}"
+            assert pool["source"] == f"Kubernetes API at {kube.url}"
             nodes = {n["name"]: n for n in pool["nodes"]}
-            assert sorted(nodes) == ["dgx-h100-01", "gpu-a100-01"]
-            assert len(nodes["dgx-h100-01"]["gpus"]) == 8 and len(nodes["gpu-a100-01"]["gpus"]) == 4
-            assert nodes["gpu-a100-01"]["labels"]["gpupool.io/backend"] == "kubernetes"
-            assert pool["summary"]["whole_gpus_free"] == 10 and pool["summary"]["unhealthy"] == []
-            cluster.set_node_ready("gpu-a100-01", False)
-            deadline = time.monotonic() + 10
-            while pool["summary"]["unhealthy"] != ["gpu-a100-01"] and time.monotonic() < deadline:
-                time.sleep(0.05)
+            assert {H100, A100, agent.name} <= set(nodes)
+            assert len(nodes[H100]["gpus"]) == 8 and len(nodes[A100]["gpus"]) == 4
+            assert nodes[A100]["labels"]["gpupool.io/backend"] == "kubernetes"
+            assert agent.name not in pool["summary"]["unhealthy"]
+            agent.go_silent()
+            deadline = time.monotonic() + 45
+            while agent.name not in pool["summary"]["unhealthy"] and time.monotonic() < deadline:
+                time.sleep(0.2)
                 pool = _get(url)
-            assert pool["summary"]["unhealthy"] == ["gpu-a100-01"]
+            assert agent.name in pool["summary"]["unhealthy"]
+            assert H100 not in pool["summary"]["unhealthy"]
+            forbidden = [
+                line for line in log_path.read_text().splitlines() if "403" in line or "forbidden" in line
+            ]
+            assert forbidden == []  # everything the service asked of the API server, its roles allowed
         finally:
             process.terminate()
             process.wait(timeout=10)
-            log.close()
 
 
 def _get(url: str) -> dict[str, Any]:
@@ -77,13 +79,13 @@ def _get(url: str) -> dict[str, Any]:
     return body
 
 
-def _wait_for_pool(url: str, process: subprocess.Popen[bytes], tmp: Path) -> dict[str, Any]:
-    deadline = time.monotonic() + 20
+def _wait_for_pool(url: str, process: subprocess.Popen[bytes], log: Path) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            pytest.fail(f"the service exited: {(tmp / 'service.log').read_text()[-3000:]}")
+            pytest.fail(f"the service exited: {log.read_text()[-3000:]}")
         try:
             return _get(url)
         except httpx.TransportError:
             time.sleep(0.1)
-    pytest.fail(f"the service did not answer: {(tmp / 'service.log').read_text()[-3000:]}")
+    pytest.fail(f"the service did not answer: {log.read_text()[-3000:]}")

@@ -85,14 +85,21 @@ def up_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "gpupool.spawner.cli", "up", *args]
 
 
-def start_up(tmp: Path, state: Path, port: int, extra: Path, *, timeout: float = 150) -> Up:
-    """Start ``gpupool up`` on the demo pool and return once /hub/login answers 200; fail with its log."""
+def start_up(
+    tmp: Path,
+    state: Path,
+    port: int,
+    extra: Path,
+    *,
+    timeout: float = 150,
+    pool: tuple[str, ...] = ("--pool", str(DEMO_POOL)),
+) -> Up:
+    """Start ``gpupool up`` on the demo pool (or what ``pool`` says, e.g. ``("--kubeconfig", path)``) and
+    return once /hub/login answers 200; fail with its log."""
     log = tmp / f"up-{time.monotonic_ns()}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            up_command(
-                "--port", str(port), "--pool", str(DEMO_POOL), "--state-dir", str(state), "-f", str(extra)
-            ),
+            up_command("--port", str(port), *pool, "--state-dir", str(state), "-f", str(extra)),
             cwd=tmp,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -33,6 +33,10 @@ SPAWNER_CLIENT = "gpupool-hub"  # the token-only service whose token the spawner
 CULLER = "jupyterhub-idle-culler"
 DEMO_USER = "demo"
 CHP = "configurable-http-proxy"
+# With --kubeconfig: where the servers' pods go, and the image they name. On ``gpupool kube up``'s cluster the
+# image is never pulled: its simulated kubelet runs the pod's command from this environment.
+KUBE_NAMESPACE = "default"
+KUBE_LOCAL_IMAGE = "gpupool-singleuser:local"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the checkout, for an editable install
 
 CUSTOM_SCOPES = {
@@ -56,6 +60,7 @@ class UpSettings:
     extra_config: tuple[str, ...] = ()
     demo_login: bool = True
     proxy_command: str = CHP
+    kubeconfig: str | None = None  # a cluster to spawn on with KubeGPUSpawner (e.g. ``gpupool kube up``'s)
 
     @property
     def state(self) -> Path:
@@ -162,6 +167,13 @@ def service_environment(settings: UpSettings) -> dict[str, str]:
     }
     if settings.pool:
         env["GPUPOOL_POOL"] = settings.pool
+    if settings.kubeconfig:
+        env |= {
+            "GPUPOOL_BACKEND": "kubernetes",
+            "KUBECONFIG": settings.kubeconfig,
+            "GPUPOOL_KUBE_NAMESPACE": KUBE_NAMESPACE,
+            "GPUPOOL_KUBE_JOB_IMAGE": KUBE_LOCAL_IMAGE,
+        }
     profiles = os.environ.get("GPUPOOL_PROFILES")
     if profiles:
         env["GPUPOOL_PROFILES"] = profiles
@@ -274,6 +286,7 @@ def prepare(
     pool: str | None = None,
     extra_config: tuple[str, ...] = (),
     demo_login: bool = True,
+    kubeconfig: str | None = None,
     environ: Mapping[str, str] = os.environ,
 ) -> Prepared:
     """Check the request, create the state folder and its secrets; raise :class:`UpError` saying what to fix."""
@@ -288,19 +301,30 @@ def prepare(
             raise UpError(f"-f {extra}: no such file")
     if pool is not None and not Path(pool).is_file():
         raise UpError(f"--pool {pool}: no such file")
-    found = discover_pool(pool)
+    if kubeconfig is not None and pool is not None:
+        raise UpError("--pool and --kubeconfig: choose one; on Kubernetes the pool is the cluster's nodes")
+    if kubeconfig is not None and not Path(kubeconfig).is_file():
+        raise UpError(f"--kubeconfig {kubeconfig}: no such file (gpupool kube up prints the path of its own)")
+    found = None if kubeconfig else discover_pool(pool)
     state = Path(state_dir).resolve()
     state.mkdir(parents=True, exist_ok=True)
     settings = UpSettings(
         state_dir=str(state),
         ip=ip,
         port=port,
-        pool=str(Path(found.source).resolve()) if found.backend == "simulated" else None,
+        pool=str(Path(found.source).resolve()) if found and found.backend == "simulated" else None,
         extra_config=tuple(str(Path(e).resolve()) for e in extra_config),
         demo_login=demo_login,
         proxy_command=find_proxy(),
+        kubeconfig=str(Path(kubeconfig).resolve()) if kubeconfig else None,
     )
-    messages = [*([f"gpupool: {found.note}"] if found.note else []), pool_line(found)]
+    if found is None:
+        messages = [
+            f"gpupool: pool from the Kubernetes cluster of {settings.kubeconfig}; servers are pods in namespace "
+            f"{KUBE_NAMESPACE} (KubeGPUSpawner)"
+        ]
+    else:
+        messages = [*([f"gpupool: {found.note}"] if found.note else []), pool_line(found)]
     messages.append(f"gpupool: state in {state}")
     if demo_login:
         messages.append(

@@ -23,7 +23,7 @@ from ...pool.devices import Node
 from .build import BuildError, ensure_built
 from .control_plane import ControlPlane, ControlPlaneError, free_port
 from .kubelet import LogServer, NodeAgent, Obj, PodAddresses, run_forever
-from .nodes import node_object, node_resources
+from .nodes import node_devices, node_object, node_resources
 from .pki import Authority, client_tls
 
 
@@ -47,9 +47,9 @@ class Kubelet:
     async def add(self, node: Node | Obj, resources: dict[str, str] | None = None) -> NodeAgent:
         """Register ``node`` (a pool node, or a Node object with ``resources``) and keep it Ready."""
         if isinstance(node, Node):
-            obj, resources = node_object(node), node_resources(node)
+            obj, resources, devices = node_object(node), node_resources(node), node_devices(node)
         else:
-            obj, resources = node, resources or {}
+            obj, resources, devices = node, resources or {}, {}
         name = str(obj["metadata"]["name"])
         identity = self.pki.issue(f"node-{name}", f"system:node:{name}", ("system:nodes",))
         agent = NodeAgent(
@@ -61,6 +61,7 @@ class Kubelet:
             logs=self.logs,
             folder=self.folder / "nodes" / name,
             addresses=self.addresses,
+            devices=devices,
         )
         await agent.start()
         self.agents[name] = agent

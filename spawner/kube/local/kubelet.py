@@ -11,12 +11,17 @@ What it does as a kubelet does:
   ``configMapKeyRef``, ``secretKeyRef``, ``envFrom``; ``$(VAR)`` expanded in command and args). The status
   (phase, conditions, container states, exit codes, pod IP) goes back through the API. A deleted pod's
   processes get SIGTERM, then SIGKILL after its grace period, and the pod is then removed as a kubelet does.
+- **Devices**, as the NVIDIA device plugin and container toolkit do: a container's ``nvidia.com/…`` limits
+  are given free devices of the node's pool file (``GPU-…`` and ``MIG-…`` UUIDs), named in its
+  ``NVIDIA_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES``, and taken back when the pod ends.
 - **Logs**: served on HTTPS to the API server only (its client certificate), for ``kubectl logs`` and
   ``GET .../pods/<name>/log`` (``follow``, ``limitBytes``, ``tailLines``).
 
 What it does not do, and says wherever it shows (the node label ``gpupool.io/simulated`` and the containers'
 ``imageID``): no image is pulled. A container runs its ``command`` and ``args`` on this machine, as the user
-who started the kubelet, with this Python's ``bin`` first on ``PATH``; a container without a command fails.
+who started the kubelet, with this Python's ``bin`` first on ``PATH``. A container with ``args`` and no ``command``
+runs its args, as an image whose entrypoint is an init such as ``tini`` (Jupyter's images) would; one with
+neither fails.
 Volumes are not mounted: a ``workingDir`` that does not exist here becomes the pod's own folder, which is also
 its ``HOME``. Every pod shares this machine's network, so each gets an address of its own on the loopback
 network (127.1.x.y) and ``0.0.0.0`` in its environment or arguments means that address. Restart policies are
@@ -184,8 +189,11 @@ class NodeAgent:
         logs: LogServer,
         folder: Path,
         addresses: PodAddresses,
+        devices: dict[str, list[str]] | None = None,
     ) -> None:
         self.name = str(node["metadata"]["name"])
+        self.free_devices = {resource: list(uuids) for resource, uuids in (devices or {}).items()}
+        self.allocated: dict[str, list[tuple[str, str]]] = {}  # pod uid -> (resource, device) pairs
         self.node = node
         self.resources = resources
         self.folder = folder
@@ -372,6 +380,7 @@ class NodeAgent:
             if code != 0:
                 await self._report(running, pod)
                 running.done.set()
+                self._release_devices(running.uid)
                 return
         for container in spec["containers"]:
             await self._start(running, pod, container)
@@ -386,6 +395,7 @@ class NodeAgent:
             if key[:2] == (running.namespace, running.name):
                 finished.set()
         running.done.set()
+        self._release_devices(running.uid)
         if not running.deleting:
             await self._report(running, pod)
 
@@ -407,10 +417,10 @@ class NodeAgent:
             argv = [
                 _expand(part, env) for part in [*container.get("command", []), *container.get("args", [])]
             ]
-            if not container.get("command"):
+            if not argv:
                 raise ValueError(
-                    "gpupool's simulated kubelet pulls no image, so it cannot run the image's entrypoint; "
-                    "give the container a command"
+                    "gpupool's simulated kubelet pulls no image, so it cannot run the image's own command; "
+                    "give the container a command or args"
                 )
             argv = [part.replace("0.0.0.0", running.ip) for part in argv]
             folder = Path(container.get("workingDir") or running.folder)
@@ -456,7 +466,31 @@ class NodeAgent:
                 found = await self._value_from(item["valueFrom"], pod, running)
                 if found is not None:
                     env[item["name"]] = found
+        visible = self._allocate(running.uid, container)
+        if visible:
+            env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
         return {k: v.replace("0.0.0.0", running.ip) for k, v in env.items()}
+
+    def _allocate(self, uid: str, container: Obj) -> list[str]:
+        """Devices for the container's ``nvidia.com/…`` limits, as the device plugin would pick them."""
+        limits = container.get("resources", {}).get("limits", {})
+        taken: list[str] = []
+        for resource, count in limits.items():
+            free = self.free_devices.get(resource)
+            if free is None:
+                continue
+            wanted = int(count)
+            if len(free) < wanted:
+                raise ValueError(f"{resource}: {wanted} asked for, {len(free)} free on {self.name}")
+            for _ in range(wanted):
+                device = free.pop(0)
+                self.allocated.setdefault(uid, []).append((resource, device))
+                taken.append(device)
+        return taken
+
+    def _release_devices(self, uid: str) -> None:
+        for resource, device in self.allocated.pop(uid, []):
+            self.free_devices[resource].append(device)
 
     async def _value_from(self, source: Obj, pod: Obj, running: RunningPod) -> str | None:
         if "fieldRef" in source:

@@ -108,3 +108,17 @@ def _gpu_labels(node: Node) -> dict[str, str]:
             "nvidia.com/gpu.sharing-strategy": "time-slicing",
         }
     return labels
+
+
+def node_devices(node: Node) -> dict[str, list[str]]:
+    """Resource name -> the device UUIDs the device plugin hands out for it (a time-sliced GPU once per
+    replica), in the order it hands them out."""
+    devices: dict[str, list[str]] = {}
+    for gpu in node.gpus:
+        if gpu.mode is GpuMode.WHOLE:
+            devices.setdefault(GPU_RESOURCE, []).append(gpu.uuid)
+        elif gpu.mode is GpuMode.SHARED:
+            devices.setdefault(SHARED_RESOURCE, []).extend([gpu.uuid] * (gpu.max_shares or 4))
+        for instance in gpu.mig_instances:
+            devices.setdefault(f"{MIG_RESOURCE_PREFIX}{instance.profile}", []).append(instance.uuid)
+    return devices

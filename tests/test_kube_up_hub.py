@@ -1,0 +1,96 @@
+"""What the README's "Try it on a local cluster" shows, end to end: ``gpupool up --kubeconfig`` against the real
+control plane (the one ``gpupool kube up`` starts; here the tests' own). The demo user logs in through the real
+hub and proxy, picks a MIG profile, and reaches JupyterLab in a pod the real scheduler bound to the leased
+node, with the leased MIG resource in its limits and, from the simulated device plugin, a ``MIG-…`` UUID of
+that node in its environment. Stopping the server deletes the pod and releases the lease."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from kube_cluster import H100, LocalKube, eventually
+from up_harness import api_token, extra_config, free_port_family, login, require_proxy, start_up
+
+from gpupool.spawner.kube.local.nodes import node_devices
+
+
+def test_a_new_user_reaches_jupyterlab_in_a_pod_on_the_leased_node_with_the_leased_mig_slice(
+    kube: LocalKube, tmp_path: Path
+) -> None:
+    require_proxy()
+    kubeconfig = kube.kubeconfig(tmp_path / "kubeconfig")
+    up = start_up(
+        tmp_path,
+        tmp_path / "state",
+        free_port_family(),
+        extra_config(tmp_path),
+        pool=("--kubeconfig", str(kubeconfig)),
+    )
+    try:
+        assert "servers are pods in namespace default (KubeGPUSpawner)" in up.log.read_text()
+        browser = login(up)
+        headers = {"Authorization": f"token {api_token(browser)}"}
+        form = browser.get("/hub/spawn")
+        assert form.status_code == 200 and "MIG 3g.40gb" in form.text and "simulated" not in form.text
+        started = browser.post("/hub/api/users/demo/server", json={"profile": "mig-3g"}, headers=headers)
+        assert started.status_code in (201, 202), started.text
+        eventually(lambda: _ready(browser, headers), f"the server ready:\n{up.log_tail()}", timeout_s=120)
+        lab = browser.get("/user/demo/lab", follow_redirects=True)
+        assert lab.status_code == 200 and "JupyterLab" in lab.text, lab.text[:500]
+
+        pod = kube.get("/api/v1/namespaces/default/pods/jupyter-demo")
+        assert pod is not None and pod["spec"]["nodeName"] == H100  # the real scheduler's binding
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        lease = httpx.get(
+            f"{up.url}/services/gpupool/api/v1/leases/{env['GPUPOOL_LEASE_ID']}", headers=headers, timeout=10
+        ).json()
+        assert lease["state"] == "granted" and lease["node"] == H100
+        assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/mig-3g.40gb"] == "1"
+        # the server process's own environment: the slice the (simulated) device plugin gave the pod
+        seen = _process_environment(kube, pod)
+        h100 = next(n for n in _pool_nodes() if n.name == H100)
+        assert seen["NVIDIA_VISIBLE_DEVICES"] in node_devices(h100)["nvidia.com/mig-3g.40gb"]
+        assert seen["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+
+        stopped = browser.delete("/hub/api/users/demo/server", headers=headers)
+        assert stopped.status_code in (202, 204), stopped.text
+        eventually(
+            lambda: kube.get("/api/v1/namespaces/default/pods/jupyter-demo") is None, "the pod deleted"
+        )
+        released = httpx.get(
+            f"{up.url}/services/gpupool/api/v1/leases/{lease['id']}", headers=headers, timeout=10
+        ).json()
+        assert released["state"] == "released"
+    finally:
+        up.stop()
+
+
+def _ready(browser: httpx.Client, headers: dict[str, str]) -> bool:
+    user = browser.get("/hub/api/users/demo", headers=headers).json()
+    server = user.get("servers", {}).get("")
+    return bool(server and server.get("ready"))
+
+
+def _process_environment(kube: LocalKube, pod: dict[str, Any]) -> dict[str, str]:
+    agent = kube.kubelet.agents[pod["spec"]["nodeName"]]
+    running = agent.pods[pod["metadata"]["uid"]]
+    process = next(iter(running.containers.values())).process
+    assert process is not None
+    deadline = time.monotonic() + 10
+    while True:
+        raw = Path(f"/proc/{process.pid}/environ").read_bytes()
+        pairs = dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+        if pairs or time.monotonic() > deadline:
+            return pairs
+        time.sleep(0.1)
+
+
+def _pool_nodes() -> Any:
+    from kube_cluster import POOL
+
+    from gpupool.spawner.backends.simulated import load_pool_file
+
+    return load_pool_file(POOL)
