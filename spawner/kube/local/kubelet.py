@@ -240,6 +240,11 @@ class NodeAgent:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for pod in list(self.pods.values()):
             await self._kill(pod, grace_s=0)
+            if pod.task is not None:
+                pod.task.cancel()
+        await asyncio.gather(
+            *(p.task for p in self.pods.values() if p.task), *self._deletions, return_exceptions=True
+        )
         await self.api.aclose()
 
     # ---- the node ----------------------------------------------------------------------------------------
@@ -570,7 +575,13 @@ class NodeAgent:
         if inits:
             status["initContainerStatuses"] = [_container_status(c, images.get(c.name, "")) for c in inits]
         path = f"/api/v1/namespaces/{running.namespace}/pods/{running.name}/status"
-        answer = await self.api.patch(path, json={"status": status}, headers=_STRATEGIC)
+        try:
+            answer = await self.api.patch(path, json={"status": status}, headers=_STRATEGIC)
+        except (
+            httpx.HTTPError
+        ) as error:  # the API server is away (stopping, restarting): the next report says it
+            log.warning("pod %s/%s: status not sent: %r", running.namespace, running.name, error)
+            return
         if answer.status_code not in (200, 404):
             log.warning("pod %s/%s: status not accepted: %s", running.namespace, running.name, answer.text)
 
