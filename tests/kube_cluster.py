@@ -66,6 +66,9 @@ class LocalKube:
         """A new namespace for one test, so tests never see each other's pods and Jobs."""
         name = f"{prefix}-{uuid.uuid4().hex[:8]}"
         self.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+        # the ServiceAccount admission plugin refuses pods until the controller has made the namespace's
+        # default ServiceAccount, a moment after the namespace itself
+        eventually(lambda: self.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"), f"{name}/default")
         return name
 
     def request(self, method: str, path: str, body: Any = None, **headers: str) -> Obj:

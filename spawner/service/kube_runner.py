@@ -108,6 +108,10 @@ class KubeJobRunner:
         self._create_failed: dict[str, str] = {}  # Job name -> why the API refused it
         self._logs: OrderedDict[str, tuple[str, bytes, float]] = OrderedDict()  # job id -> (Job, log, when)
         self._log_reads: set[str] = set()
+        # Job -> its pod the cluster took away, as last seen. The Job controller's finalizer and the kubelet
+        # remove such a pod within moments and (its failure policy ignoring disruptions) start another, so a
+        # judgement from the cache alone could miss the disruption; the watch's events never do.
+        self._disrupted: dict[str, Obj] = {}
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
 
@@ -123,7 +127,7 @@ class KubeJobRunner:
         )  # fmt: skip
         self.pods = Mirror(
             "pods", self._core.list_namespaced_pod, namespace=namespace, label_selector=SELECTOR,
-            retry_s=self.retry_s,
+            on_change=self._remember_disruptions, retry_s=self.retry_s,
         )  # fmt: skip
         await asyncio.gather(self.jobs.start(), self.pods.start())
 
@@ -213,6 +217,7 @@ class KubeJobRunner:
     def finish(self, job: Job) -> None:
         name = job_name(job.id, job.attempts)
         self._create_failed.pop(name, None)
+        self._disrupted.pop(name, None)
         found = self.jobs.objects.get(name) if self.jobs is not None else None
         if found is not None and finished_condition(found) is None:
             self._spawn(lambda: self._delete_job(name))  # a lost run's Job would start another pod
@@ -238,9 +243,20 @@ class KubeJobRunner:
     # ---- reading the cache ---------------------------------------------------------------------------------
 
     def _pods_of(self, name: str) -> list[Obj]:
+        """The Job's pods in the cache, and its disrupted pod even once it is gone."""
         if self.pods is None:
             return []
-        return [pod for pod in self.pods.objects.values() if owner_job(pod) == name]
+        pods = [pod for pod in self.pods.objects.values() if owner_job(pod) == name]
+        gone = self._disrupted.get(name)
+        if gone is not None and all(_name(pod) != _name(gone) for pod in pods):
+            pods.append(gone)
+        return pods
+
+    def _remember_disruptions(self, touched: list[Obj]) -> None:
+        for pod in touched:
+            job = owner_job(pod)
+            if job is not None and disrupted_pod([pod]) is not None:
+                self._disrupted[job] = pod
 
     # ---- writes, on the event loop -----------------------------------------------------------------------------
 
