@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest bench clean kube-build kube-up
+.PHONY: run test test-fast lint typecheck pytest bench clean kube-build kube-up
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/python -m gpupool.spawner.kube.local.build || echo "gpupool: the Kubernetes tests will fail (above: why)"
 	$(BIN)/pytest -q
+
+# Everything but the tests that start processes, a browser or a cluster (pytest markers e2e, browser, kube).
+test-fast: lint typecheck
+	$(BIN)/pytest -q -m "not kube and not e2e and not browser"
 
 # etcd, kube-apiserver, kube-scheduler and kube-controller-manager from their Go modules, built once into
 # ~/.cache/gpupool/kube (GPUPOOL_KUBE_CACHE) and reused while the pinned versions match.

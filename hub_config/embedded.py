@@ -41,7 +41,7 @@ c.JupyterHub.template_paths = [str(up.templates())]  # the home page shows pendi
 
 # Spawners without system users: every server runs as the account that started the hub, with its home in
 # the state folder. They reach the service directly, not through the proxy.
-c.JupyterHub.spawner_class = "gpupool.spawner.hub.spawner.SimpleLocalGPUSpawner"
+c.JupyterHub.spawner_class = "gpupool-simple"  # SimpleLocalGPUSpawner
 c.SimpleLocalGPUSpawner.home_root = str(state / "homes")
 c.LocalGPUSpawner.service_url = settings.service_url
 c.LocalGPUSpawner.service_api_token = up.spawner_token(state)
@@ -60,7 +60,7 @@ if os.geteuid() == 0:
 # machine at an address of the pod's own, which the hub reaches on loopback.
 if settings.kubeconfig:
     os.environ["KUBECONFIG"] = settings.kubeconfig  # KubeSpawner's client reads it
-    c.JupyterHub.spawner_class = "gpupool.spawner.hub.kube_spawner.KubeGPUSpawner"
+    c.JupyterHub.spawner_class = "gpupool-kube"  # KubeGPUSpawner
     c.JupyterHub.hub_connect_ip = "127.0.0.1"
     c.KubeGPUSpawner.namespace = up.KUBE_NAMESPACE
     c.KubeGPUSpawner.image = up.KUBE_LOCAL_IMAGE

@@ -49,7 +49,7 @@ c.Authenticator.admin_users = ADMINS
 # lease for any user. The token is made once and kept beside the database, because the hub keeps every
 # config token it has ever seen: a new one per start would leave the old ones valid.
 SPAWNER_TOKEN = read_or_create_secret(STATE / "gpupool-hub-token")
-c.JupyterHub.spawner_class = "gpupool.spawner.hub.spawner.LocalGPUSpawner"
+c.JupyterHub.spawner_class = "gpupool"  # LocalGPUSpawner (also "gpupool-simple", "gpupool-kube")
 c.LocalGPUSpawner.service_url = "http://127.0.0.1:10101/services/gpupool/"  # straight to the service
 c.LocalGPUSpawner.service_api_token = SPAWNER_TOKEN
 c.LocalGPUSpawner.profiles_file = PROFILES  # the form and the service must read the same file

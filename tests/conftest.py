@@ -16,3 +16,25 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKube]:
     """The real control plane with the simulated nodes of ``tests/pools/kube.yaml``: once per test run."""
     with local_kube(tmp_path_factory.mktemp("kube")) as cluster:
         yield cluster
+
+
+# Tiers: `make test` runs everything; `make test-fast` leaves out what starts processes, a browser or a cluster.
+_HARNESSES = ("hub_harness", "up_harness", "token_hub", "subprocess")
+_BROWSER_MODULES = ("test_browser", "test_gpu_monitor_hub", "test_job_panel_browser")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    starts_processes: dict[str, bool] = {}
+    for item in items:
+        path = Path(str(item.fspath))
+        if path.stem not in starts_processes:
+            text = path.read_text()
+            starts_processes[path.stem] = any(
+                f"import {h}" in text or f"from {h} import" in text for h in _HARNESSES
+            )
+        if "kube" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kube)
+        if path.stem in _BROWSER_MODULES:
+            item.add_marker(pytest.mark.browser)
+        if starts_processes[path.stem]:
+            item.add_marker(pytest.mark.e2e)

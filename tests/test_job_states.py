@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from gpupool.spawner.pool.fair_share import UsageSpan, gpu_weight, recent_usage
+from gpupool.spawner.pool.fair_share import UsageSpan, recent_usage
 from gpupool.spawner.pool.jobs import (
-    PRIORITY_CLASSES,
     InvalidTransition,
     Job,
     JobState,
@@ -16,8 +13,6 @@ from gpupool.spawner.pool.jobs import (
     UnknownPriorityClass,
     priority_of,
 )
-from gpupool.spawner.pool.queue import AdmissionQueue, QueuedRequest
-from gpupool.spawner.pool.requests import GpuShare, MigSlice, Request, WholeGpus
 
 
 def job(retries: int = 1) -> Job:
@@ -106,38 +101,3 @@ def test_recent_usage_counts_gpu_seconds_inside_the_window_only() -> None:
         UsageSpan("bob", 0.25, 0.0, 10.0),  # before the window
     ]
     assert recent_usage(spans, now=100.0, window=75.0) == {"alice": 2.0 * 25 + 10.0}
-
-
-def test_gpu_weights_count_a_share_or_slice_as_part_of_a_gpu() -> None:
-    assert gpu_weight(Request(1000, 1024, WholeGpus(2))) == 2.0
-    assert gpu_weight(Request(1000, 1024, GpuShare(250))) == 0.25
-    assert gpu_weight(Request(1000, 1024, MigSlice("3g.40gb")), 40960, 81920) == 0.5
-    assert gpu_weight(Request(1000, 1024)) == 0.0
-
-
-REQUEST = Request(1000, 1024, WholeGpus(1))
-entries = st.lists(
-    st.tuples(
-        st.sampled_from(sorted(PRIORITY_CLASSES)),
-        st.sampled_from(["ann", "ben", "cid", "dee"]),
-        st.sampled_from([0.0, 1.0, 2.0, 5.0]),
-    ),
-    max_size=30,
-)
-usages = st.fixed_dictionaries({u: st.sampled_from([0.0, 10.0, 500.0]) for u in ["ann", "ben", "cid", "dee"]})
-
-
-@given(entries, usages, usages)
-def test_queue_order_is_priority_then_fair_share_then_arrival(
-    rows: list[tuple[str, str, float]], usage: dict[str, float], later: dict[str, float]
-) -> None:
-    queued = [
-        QueuedRequest(f"e{i}", f"o{i}", user, REQUEST, priority_of(c), at)
-        for i, (c, user, at) in enumerate(rows)
-    ]
-    queue = AdmissionQueue(queued, usage=usage.__getitem__)
-    for snapshot in (usage, later):
-        queue.reorder(snapshot.__getitem__)
-        keys = [(-e.priority, snapshot[e.user], e.submitted_at, int(e.id[1:])) for e in queue.entries()]
-        assert keys == sorted(keys)  # ties in all three keep the order they were added in
-        assert [queue.position(e.id) for e in queue.entries()] == list(range(len(queued)))

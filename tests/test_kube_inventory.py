@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI
 from kube_cluster import A100, H100, LocalKube, l4_node, own_node, wait_for_file, workload_pod
 
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles
@@ -54,13 +53,11 @@ class Service:
     """The service's pool as ``__main__`` wires it for ``GPUPOOL_BACKEND=kubernetes``, without the HTTP API."""
 
     def __init__(self, tmp: Path, kubeconfig: Path) -> None:
-        self.backend = load_kube_pool({"KUBECONFIG": str(kubeconfig)})
+        self.backend = load_kube_pool(str(kubeconfig))
         self.manager = LeaseManager(self.backend.nodes, LeaseStore(sqlite_url(str(tmp / "leases.sqlite"))))
         self.jobs = JobManager(
             self.manager, JobStore(self.manager.store.engine), load_profiles(EXAMPLE_PROFILES)
         )
-        self.app = FastAPI()
-        self.backend.attach(self.app, self.manager, self.jobs)
 
     def free_a100s(self) -> int:
         return self.manager.availability({"a100": ONE_A100})["a100"][0]
@@ -91,7 +88,7 @@ def test_a_node_whose_kubelet_falls_silent_goes_not_ready_and_takes_no_new_lease
         manager = service.manager
 
         async def scenario() -> None:
-            async with service.app.router.lifespan_context(service.app):
+            async with service.backend.watching(service.manager, service.jobs):
                 assert manager.health_of(agent.name) is Health.HEALTHY
                 agent.go_silent()  # the node-lifecycle controller notices within its grace period
                 await eventually(
@@ -168,7 +165,7 @@ def test_an_outside_pod_using_two_a100s_lowers_free_capacity_until_it_ends(
     done = tmp_path / "done"
 
     async def scenario() -> None:
-        async with service.app.router.lifespan_context(service.app):
+        async with service.backend.watching(service.manager, service.jobs):
             assert service.free_a100s() == 4
             workload_pod(kube, namespace, "their-training", A100, {"nvidia.com/gpu": 2}, wait_for_file(done))
             await eventually(lambda: service.free_a100s() == 2, "two A100s held by the outside pod")

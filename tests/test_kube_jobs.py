@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi import FastAPI
 from kube_cluster import (
     A100,
     LocalKube,
@@ -57,26 +56,18 @@ class Service:
     """The service's pool and jobs as ``__main__`` wires them for ``GPUPOOL_BACKEND=kubernetes``, in a
     namespace of the test's own, as the manifests' ServiceAccount."""
 
-    def __init__(self, kube: LocalKube, tmp: Path, **env: str) -> None:
+    def __init__(self, kube: LocalKube, tmp: Path, queue: str = "") -> None:
         self.kube = kube
         self.namespace = kube.namespace("jobs")
         for user in ("alice", "bob"):
             home_claim(kube, self.namespace, user)
-        settings = {
-            "KUBECONFIG": str(service_account_kubeconfig(kube, self.namespace, tmp / "kubeconfig")),
-            "GPUPOOL_KUBE_NAMESPACE": self.namespace,
-            "GPUPOOL_KUBE_JOB_IMAGE": IMAGE,
-            "GPUPOOL_SERVICE_URL": SERVICE_URL,
-            **env,
-        }
-        self.backend = load_kube_pool(settings)
+        kubeconfig = service_account_kubeconfig(kube, self.namespace, tmp / "kubeconfig")
+        self.backend = load_kube_pool(str(kubeconfig), self.namespace)
         self.manager = LeaseManager(self.backend.nodes, LeaseStore(sqlite_url(str(tmp / "leases.sqlite"))))
-        runner = self.backend.job_runner(settings, grace=1)
+        runner = self.backend.job_runner(image=IMAGE, grace=1, service_url=SERVICE_URL, queue=queue)
         self.jobs = JobManager(
             self.manager, JobStore(self.manager.store.engine), PROFILES, grace=1, job_runner=runner
         )
-        self.app = FastAPI()
-        self.backend.attach(self.app, self.manager, self.jobs)
 
     def run(self, scenario: Callable[[JobManager], Awaitable[None]]) -> None:
         """Run ``scenario`` against the job manager while the service runs (its watches and its job loop)."""
@@ -89,7 +80,7 @@ class Service:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[JobManager]:
-        async with self.app.router.lifespan_context(self.app):
+        async with self.backend.watching(self.manager, self.jobs):
             loop = asyncio.create_task(self.jobs.run_forever(interval=0.05))
             try:
                 yield self.jobs
@@ -277,7 +268,7 @@ def test_cancelling_a_running_job_deletes_its_kubernetes_job_and_stops_its_comma
 
 
 def test_with_kueue_the_job_is_created_suspended_and_no_pod_starts(kube: LocalKube, tmp_path: Path) -> None:
-    service = Service(kube, tmp_path, GPUPOOL_KUEUE_QUEUE="team-a")
+    service = Service(kube, tmp_path, queue="team-a")
 
     async def scenario(jobs: JobManager) -> None:
         job, _ = jobs.submit("alice", [], Submission(profile="a100", command=["true"]))
@@ -313,8 +304,8 @@ def test_a_working_dir_outside_the_containers_home_is_refused_naming_the_field(
 def test_the_kubernetes_backend_without_a_job_image_stops_at_start_up(
     kube: LocalKube, tmp_path: Path
 ) -> None:
-    backend = load_kube_pool({"KUBECONFIG": str(kube.kubeconfig(tmp_path / "kubeconfig"))})
+    backend = load_kube_pool(str(kube.kubeconfig(tmp_path / "kubeconfig")))
     with pytest.raises(SystemExit, match="GPUPOOL_KUBE_JOB_IMAGE must name the image"):
-        backend.job_runner({})
+        backend.job_runner(image="")
     with pytest.raises(SystemExit, match="GPUPOOL_KUEUE_QUEUE: expected an RFC 1123 label"):
-        backend.job_runner({"GPUPOOL_KUBE_JOB_IMAGE": IMAGE, "GPUPOOL_KUEUE_QUEUE": "Team A"})
+        backend.job_runner(image=IMAGE, queue="Team A")

@@ -32,8 +32,8 @@ from gpupool.spawner.service.app import create_app
 from gpupool.spawner.service.auth import ADMIN_SCOPE, LEASES_SCOPE, Authenticator
 from gpupool.spawner.service.leases import LeaseManager
 from gpupool.spawner.service.store import Lease, LeaseState, LeaseStore, sqlite_url
-from gpupool.spawner.service.telemetry_api import metrics_public, render_metrics, telemetry_router
-from gpupool.spawner.service.telemetry_loop import Telemetry, make_sampler, sample_seconds
+from gpupool.spawner.service.telemetry_api import render_metrics, telemetry_router
+from gpupool.spawner.service.telemetry_loop import Telemetry, make_sampler
 
 PREFIX = "/services/gpupool/"
 ACCESS = "access:services!service=gpupool"
@@ -271,21 +271,6 @@ def test_the_render_function_works_without_http(tmp_path: Path, hub_api: str) ->
     assert found["gpupool_queue_wait_seconds_max"] == [({}, 30.0)]
     assert "gpupool_gpu_utilization_ratio" not in found  # nothing sampled yet: no readings, not zeros
     assert "gpupool_telemetry_last_sample_timestamp_seconds" not in found
-
-
-@pytest.mark.parametrize(("raw", "seconds"), [(None, 2.0), ("0", 0.0), ("0.5", 0.5)])
-def test_the_sample_interval_comes_from_the_environment(raw: str | None, seconds: float) -> None:
-    assert sample_seconds({} if raw is None else {"GPUPOOL_SAMPLE_SECONDS": raw}) == seconds
-
-
-@pytest.mark.parametrize("raw", ["often", "-1", "0.01", "nan"])
-def test_a_bad_sample_interval_stops_the_service_naming_the_setting(raw: str) -> None:
-    with pytest.raises(SystemExit, match="GPUPOOL_SAMPLE_SECONDS"):
-        sample_seconds({"GPUPOOL_SAMPLE_SECONDS": raw})
-
-
-def test_metrics_are_public_only_when_the_environment_says_so() -> None:
-    assert not metrics_public({}) and metrics_public({"GPUPOOL_METRICS_PUBLIC": "1"})
 
 
 def test_the_backend_picks_its_sampler() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from gpupool.spawner.service.store import LeaseStore, sqlite_url
-from gpupool.spawner.service.usage_store import UsageStore, device_weight
+from gpupool.spawner.service.usage_store import UsageStore
 from gpupool.spawner.telemetry import Holder, MinuteAggregator, Sample
 
 ALICE = Holder("alice", "h100", "lease-1")
-BOB = Holder("bob", "mig-1g", "lease-2")
+BOB = Holder("bob", "mig-1g", "lease-2", gpu_equivalents=1 / 7)  # a 1g slice of an H100
 
 
 def _hour_of_minutes(aggregator: MinuteAggregator, uuid: str, profile: str | None, util: float, who: Holder):
@@ -61,9 +61,3 @@ def test_the_minutes_outlive_a_restart(tmp_path: Path) -> None:
     again = UsageStore(LeaseStore(sqlite_url(str(tmp_path / "gpupool.sqlite"))).engine)
     (row,) = again.report(0, 2e6)
     assert row.gpu_hours_held == pytest.approx(1.0, abs=0.02)
-
-
-def test_a_device_weighs_the_part_of_a_gpu_it_is() -> None:
-    assert device_weight(None) == 1.0
-    assert device_weight("3g.40gb") == pytest.approx(3 / 7)
-    assert device_weight("7g.80gb") == 1.0

@@ -1,17 +1,13 @@
 """Fair share: how much GPU each user used recently, so that within a priority class the lighter user goes first.
 
-Usage is GPU-seconds inside a sliding window (``now - window`` to ``now``): a whole GPU counts 1, a share its
-fraction, a MIG slice the fraction of its GPU's memory it holds (``3g.40gb`` of an 80 GB H100 is 0.5), a CPU-only
-lease 0. Pure arithmetic over lease spans the caller reads from its store; the caller's clock gives ``now``.
+Usage is GPU-seconds inside a sliding window (``now - window`` to ``now``), each lease weighed by the
+GPU-equivalents of its devices (:mod:`.gpu_equivalents`; a CPU-only lease 0). Pure arithmetic over lease spans the caller reads from its store; the caller's clock gives ``now``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-from .devices import FULL_MILLI
-from .requests import GpuShare, MigSlice, Request, WholeGpus
 
 DEFAULT_WINDOW = 7 * 24 * 3600.0  # a week: long enough to even out a day's burst, short enough to forgive
 
@@ -24,18 +20,6 @@ class UsageSpan:
     gpus: float
     start: float
     end: float | None
-
-
-def gpu_weight(request: Request, memory_mib: int = 0, gpu_memory_mib: int = 0) -> float:
-    """GPU-equivalents a request holds; for a MIG slice pass its memory and its parent GPU's."""
-    need = request.gpu
-    if isinstance(need, WholeGpus):
-        return float(need.count)
-    if isinstance(need, GpuShare):
-        return need.milli / FULL_MILLI
-    if isinstance(need, MigSlice):
-        return memory_mib / gpu_memory_mib if gpu_memory_mib > 0 else 0.5
-    return 0.0
 
 
 def recent_usage(spans: Iterable[UsageSpan], now: float, window: float = DEFAULT_WINDOW) -> dict[str, float]:

@@ -14,6 +14,7 @@ import numpy as np
 
 from .devices import FULL_MILLI, GpuMode, Health, Node
 from .explain import explain_refusal
+from .gpu_equivalents import mig_instance_milli
 from .mig import GEOMETRIES, Placement, layout_problem
 from .node_state import ANY_WHOLE_GPU, NodeState, Option, gpu_kind_matches, instance_matches, mig_free_milli
 from .policies import PlacementPolicy, policy_by_name
@@ -28,7 +29,7 @@ class Grant:
     uuid: str  # what CUDA_VISIBLE_DEVICES takes: GPU-… or MIG-…
     gpu_uuid: str
     label: str
-    milli: int
+    milli: int  # thousandths of a GPU: 1000 whole, the share's, a MIG instance's compute part
     memory_mib: int
 
 
@@ -433,5 +434,6 @@ def _grants(ns: NodeState, request: Request, option: Option) -> tuple[Grant, ...
         gpu = gpus[option[0]]
         instance = gpu.mig_instances[option[1]]
         label = f"{instance.profile} on {gpu.label}"
-        return (Grant("mig", instance.uuid, gpu.uuid, label, 0, instance.memory_mib),)
+        milli = mig_instance_milli(gpu.product, instance.profile)  # its GPU-equivalent (gpu_equivalents.py)
+        return (Grant("mig", instance.uuid, gpu.uuid, label, milli, instance.memory_mib),)
     return ()

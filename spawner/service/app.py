@@ -17,10 +17,7 @@ Status codes, mapped once in :func:`_problem_handlers`:
 - 409 — a profile this pool can never serve (queueing it would wait forever).
 """
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
@@ -37,9 +34,9 @@ from .jobs import JobManager
 from .jobs_api import add_job_error_handlers, jobs_router
 from .leases import LeaseManager, NeverFits
 from .models import KubePlacement, LeaseOut, LeaseRequest, Problem, ProfileOut
+from .settings import DEFAULT_PREFIX
 from .store import Lease, LeaseNotFound, LeaseState
 
-DEFAULT_PREFIX = "/services/gpupool/"
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": Problem} for code in (400, 401, 403, 404, 409)}
 
 
@@ -54,7 +51,7 @@ def create_app(
     jobs: JobManager | None = None,
 ) -> FastAPI:
     """The API for ``manager``'s pool; ``backend`` ("simulated" or "nvml") is shown in ``GET pool``. With
-    ``jobs``, the jobs API too (:mod:`.jobs_api`), and the job manager's loop runs while the app serves."""
+    ``jobs``, the jobs API too (:mod:`.jobs_api`). The loops run in :mod:`.assembly`'s lifespan."""
     base = "/" + prefix.strip("/") + "/api/v1"
     nodes = manager.pool.nodes
     kube = backend == "kubernetes"
@@ -65,16 +62,6 @@ def create_app(
 
     never_fits = {p.slug: fits_pool(p, [ns.node for ns in nodes]) for p in profiles}
 
-    @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        loop = asyncio.create_task(jobs.run_forever()) if jobs is not None else None
-        yield
-        if loop is not None:
-            loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loop
-        await auth.aclose()
-
     app = FastAPI(
         title="gpupool",
         version="1",
@@ -82,7 +69,6 @@ def create_app(
         openapi_url=f"{base}/openapi.json",
         docs_url=f"{base}/docs",
         redoc_url=None,
-        lifespan=lifespan,
     )
     _problem_handlers(app)
     router = APIRouter(prefix=base, responses=_ERRORS)

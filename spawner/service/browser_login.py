@@ -21,7 +21,6 @@ an external service sets the same variables.
 import hmac
 import logging
 import secrets
-from collections.abc import Mapping
 from typing import Annotated
 from urllib.parse import urlencode
 
@@ -56,25 +55,6 @@ class BrowserLogin:
         self.prefix = "/" + service_prefix.strip("/") + "/"
         self.redirect_uri = self.prefix + "oauth_callback"  # JupyterHub's default for a service's client
         self._client = httpx.AsyncClient(timeout=timeout)
-
-    @classmethod
-    def from_env(
-        cls, env: Mapping[str, str], service_name: str, service_prefix: str
-    ) -> "BrowserLogin | None":
-        """The login of a service the hub knows as ``service_name``; None without an API token to trade codes
-        with (then the pages take tokens only)."""
-        secret = env.get("JUPYTERHUB_API_TOKEN")
-        api_url = env.get("JUPYTERHUB_API_URL")
-        if not secret or not api_url:
-            return None
-        base = env.get("JUPYTERHUB_BASE_URL") or "/"
-        return cls(
-            client_id=env.get("JUPYTERHUB_CLIENT_ID") or f"service-{service_name}",
-            client_secret=secret,
-            hub_api_url=api_url,
-            hub_prefix=base.rstrip("/") + "/hub/",
-            service_prefix=service_prefix,
-        )
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -51,6 +51,7 @@ from .idle_api import Warnings
 from .leases import LeaseManager, describe
 from .store import Lease, LeaseState
 from .telemetry_loop import Telemetry
+from .usage_store import UsageStore
 
 
 @dataclass(frozen=True)
@@ -150,11 +151,21 @@ def dashboard_router(
     clock: Callable[[], float] = time.time,
     login: BrowserLogin | None = None,
     warnings: Warnings | None = None,
+    usage: UsageStore | None = None,
 ) -> APIRouter:
-    """``GET {prefix}``: the admin dashboard or the caller's own page, and ``GET {prefix}my/warnings`` (the
+    """``GET {prefix}``: the admin dashboard or the caller's own page (with ``usage``, the stored GPU-hours
+    ``GET usage`` reports; else the minutes this process has seen), and ``GET {prefix}my/warnings`` (the
     caller's pending cull warnings, for the hub's home page); to ``app.include_router``. With ``login``, a
     browser without a token is sent through the hub's OAuth first (and the callback route is added)."""
     base = "/" + prefix.strip("/")
+
+    def my_usage(user: str) -> list[tuple[str, float, float, float]]:
+        if usage is None:
+            return _usage(telemetry.minutes, user)
+        return [
+            (r.profile, r.gpu_hours_held, r.gpu_hours_used, r.gpu_hours_unknown)
+            for r in usage.report(0, clock() + 60, user=user)
+        ]
 
     @contextlib.asynccontextmanager
     async def closing(_app: FastAPI) -> AsyncIterator[None]:
@@ -254,7 +265,7 @@ def dashboard_router(
                 idle_list([i for i in idle if i.lease_id in {x.id for x in mine}], note),
                 "idle",
             )
-            + section("My usage (GPU-hours)", usage_table(_usage(telemetry.minutes, caller.name)), "usage")
+            + section("My usage (GPU-hours)", usage_table(my_usage(caller.name)), "usage")
             + f'<p class="summary">{summary_line(pool["summary"])}</p>'
         )
         return HTMLResponse(page(f"gpupool — {caller.name}", body, simulated=simulated))
@@ -285,12 +296,13 @@ def _my_devices(
 
 
 def _usage(minutes: Iterable[MinuteAggregate], user: str) -> list[tuple[str, float, float, float]]:
-    """Per profile: seconds held, used and unknown by ``user``, from the per-minute aggregates."""
+    """Per profile: GPU-hours held, used and unknown by ``user``, from the per-minute aggregates in memory."""
     totals: dict[str, list[float]] = {}
     for aggregate in minutes:
         if aggregate.holder is not None and aggregate.holder.user == user:
             row = totals.setdefault(aggregate.holder.profile, [0.0, 0.0, 0.0])
-            row[0] += aggregate.seconds_held
-            row[1] += aggregate.seconds_used
-            row[2] += aggregate.seconds_unknown
+            weight = aggregate.holder.gpu_equivalents / 3600  # a slice's hour is its part of a GPU-hour
+            row[0] += aggregate.seconds_held * weight
+            row[1] += aggregate.seconds_used * weight
+            row[2] += aggregate.seconds_unknown * weight
     return [(profile, held, used, unknown) for profile, (held, used, unknown) in sorted(totals.items())]

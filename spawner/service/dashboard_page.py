@@ -217,11 +217,11 @@ def section(title: str, content: str, css_id: str) -> str:
 
 
 def usage_table(rows: Sequence[tuple[str, float, float, float]]) -> str:
-    """Per profile: GPU-hours held, used, and the share used."""
+    """Per profile: GPU-hours held, used, and the share used (rows of profile, held, used, unknown hours)."""
     if not rows:
         return "<p>No usage recorded yet.</p>"
     body = "".join(
-        f"<tr><td>{_e(p)}</td><td>{held / 3600:.2f}</td><td>{used / 3600:.2f}</td>"
+        f"<tr><td>{_e(p)}</td><td>{held:.2f}</td><td>{used:.2f}</td>"
         f"<td>{_pct(100 * used / held if held else None)}</td></tr>"
         for p, held, used, _unknown in rows
     )

@@ -27,9 +27,8 @@ and reporting culls needs ``custom:gpupool:admin`` or ``custom:gpupool:leases`` 
 import asyncio
 import contextlib
 import logging
-import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any, Literal, get_args
 
@@ -46,20 +45,6 @@ from .telemetry_loop import Telemetry
 log = logging.getLogger(__name__)
 
 SERVICE_PREFIX = "/services/gpupool/"
-THRESHOLD_ENV = "GPUPOOL_GPU_IDLE_THRESHOLD"
-
-
-def gpu_idle_threshold(env: Mapping[str, str]) -> float:
-    """``GPUPOOL_GPU_IDLE_THRESHOLD``: the utilisation percent at or below which a GPU counts as idle
-    (default 10). A bad value stops the service at start-up."""
-    raw = env.get(THRESHOLD_ENV) or str(DEFAULT_THRESHOLD_PERCENT)
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SystemExit(f"{THRESHOLD_ENV} must be a percent, got {raw!r}") from None
-    if not (math.isfinite(value) and 0 <= value < 100):
-        raise SystemExit(f"{THRESHOLD_ENV} must be from 0 to under 100 (percent), got {raw!r}")
-    return value
 
 
 class WarningIn(BaseModel):

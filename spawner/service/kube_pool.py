@@ -18,14 +18,9 @@ with it by the inventory's watches (:mod:`..kube.inventory`).
   :class:`.kube_runner.KubeJobRunner`, started on the app's event loop with the inventory, so its watches of
   gpupool's Jobs and pods are listed before the manager's first step judges a run.
 
-Settings: ``GPUPOOL_KUBE_NAMESPACE`` (where gpupool's pods and Jobs go; default ``default``),
-``GPUPOOL_KUBE_SHARED_RESOURCE`` (the time-sliced resource; default ``nvidia.com/gpu.shared``), and the
-cluster: in a pod, its service account; else ``KUBECONFIG`` (else ``~/.kube/config``). For jobs (read by
-:func:`job_runner_from_env`): ``GPUPOOL_KUBE_JOB_IMAGE`` (required: the single-user image jobs run in),
-``GPUPOOL_KUEUE_QUEUE`` (optional: a Kueue LocalQueue; Jobs then carry ``kueue.x-k8s.io/queue-name`` and start
-suspended), ``GPUPOOL_KUBE_HOME_CLAIM`` (the users' home PVC, default ``claim-{username}`` as KubeSpawner
-names it), ``GPUPOOL_KUBE_HOME_MOUNT`` (where the image expects the home, default ``/home/jovyan``) and
-``GPUPOOL_KUBE_JOB_TTL_SECONDS`` (how long a finished Job and its pod, hence its log, stay; default a day).
+Settings (:mod:`.settings`): ``kube_namespace``, ``kube_shared_resource``, ``kubeconfig`` and, for jobs,
+``kube_job_image``, ``kueue_queue``, ``kube_home_claim``, ``kube_home_mount`` and ``kube_job_ttl_seconds``;
+:mod:`.assembly` passes them in.
 """
 
 from __future__ import annotations
@@ -33,17 +28,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
-
-from fastapi import FastAPI
 
 from ..kube.inventory import KubeInventory, connect
 from ..kube.jobs import JobSettings, home_claim_name
 from ..kube.labels import SHARED_RESOURCE
-from ..kube.manifests import ManifestError, require_dns_label
+from ..kube.manifests import ManifestError
 from ..kube.resources import outside_use
 from ..pool.devices import Node
 from ..telemetry.samples import Snapshot
@@ -67,9 +59,10 @@ class KubeBackend:
     problems: dict[str, str | None] = field(default_factory=dict)
     usage: dict[str, dict[str, int]] = field(default_factory=dict)
 
-    def attach(self, app: FastAPI, manager: LeaseManager, jobs: JobManager) -> None:
-        """Apply the start-up health and outside usage, and keep them current while ``app`` serves: its
-        lifespan runs the inventory's watches (on the app's event loop) around the app's own lifespan."""
+    @asynccontextmanager
+    async def watching(self, manager: LeaseManager, jobs: JobManager) -> AsyncIterator[None]:
+        """Apply the start-up health and outside usage, then keep them current (the inventory's watches, and
+        the Kubernetes job runner's) until the block ends."""
         conditions = NodeConditions(jobs)
         pooled = {node.name: node for node in self.nodes}
 
@@ -96,35 +89,63 @@ class KubeBackend:
                 health(name, problem)
         for name, held in self.usage.items():
             usage(name, held)
-        inner = app.router.lifespan_context
+        api = await connect(self.kubeconfig)
+        inventory = KubeInventory(api, shared_resource=self.shared_resource)
+        inventory.problems = dict(self.problems)  # so the first list reports only what changed since
+        inventory.usage = {name: dict(held) for name, held in self.usage.items()}
+        inventory.on_health(health)
+        inventory.on_usage(usage)
+        runner = jobs.runner if isinstance(jobs.runner, KubeJobRunner) else None
+        try:
+            await inventory.start()
+            if runner is not None:
+                await runner.start(api)
+            yield
+        finally:
+            if runner is not None:
+                await runner.close()
+            await inventory.stop()
+            await api.close()
 
-        @asynccontextmanager
-        async def lifespan(served: FastAPI) -> AsyncIterator[Any]:
-            api = await connect(self.kubeconfig)
-            inventory = KubeInventory(api, shared_resource=self.shared_resource)
-            inventory.problems = dict(self.problems)  # so the first list reports only what changed since
-            inventory.usage = {name: dict(held) for name, held in self.usage.items()}
-            inventory.on_health(health)
-            inventory.on_usage(usage)
-            runner = jobs.runner if isinstance(jobs.runner, KubeJobRunner) else None
-            try:
-                await inventory.start()
-                if runner is not None:
-                    await runner.start(api)
-                async with inner(served) as state:
-                    yield state
-            finally:
-                if runner is not None:
-                    await runner.close()
-                await inventory.stop()
-                await api.close()
-
-        app.router.lifespan_context = lifespan
-
-    def job_runner(self, env: Mapping[str, str], *, grace: float = 30.0) -> KubeJobRunner:
-        """The Kubernetes job runner on this cluster's pool, from the settings in the module docstring;
-        SystemExit naming the setting that is wrong. ``grace`` is the job manager's stop grace period."""
-        return job_runner_from_env(env, self.namespace, self.nodes, self.shared_resource, grace=grace)
+    def job_runner(
+        self,
+        *,
+        image: str,
+        grace: float = 30.0,
+        queue: str = "",
+        home_claim: str = "claim-{username}",
+        home_mount: str = "/home/jovyan",
+        ttl_seconds: int = 86400,
+        service_url: str = "",
+    ) -> KubeJobRunner:
+        """The Kubernetes job runner on this cluster's pool; SystemExit naming the setting that is wrong.
+        ``grace`` is the job manager's stop grace period; ``service_url`` is given to job pods."""
+        if not image.strip():
+            raise SystemExit(
+                "GPUPOOL_KUBE_JOB_IMAGE must name the image jobs run in (the single-user image, e.g. "
+                "registry.example.org/gpupool-singleuser:1.0) when GPUPOOL_BACKEND=kubernetes"
+            )
+        try:
+            settings = JobSettings(
+                namespace=self.namespace,
+                claim_template=home_claim,
+                home_mount=home_mount,
+                queue_name=queue or None,
+                grace_seconds=math.ceil(grace),
+                ttl_seconds_after_finished=ttl_seconds,
+                service_url=service_url.strip(),
+            )
+            home_claim_name(settings, "gpupool-check")  # a bad template stops the service now, not at a job
+        except ManifestError as error:
+            text = str(error)
+            for field_name, variable in (
+                ("settings.queue_name", "GPUPOOL_KUEUE_QUEUE"),
+                ("settings.claim_template", "GPUPOOL_KUBE_HOME_CLAIM"),
+                ("settings.home_mount", "GPUPOOL_KUBE_HOME_MOUNT"),
+            ):
+                text = text.replace(field_name, variable)
+            raise SystemExit(f"gpupool service: {text}") from None
+        return KubeJobRunner(settings, image.strip(), self.nodes, shared_resource=self.shared_resource)
 
 
 class KubeSampler:
@@ -144,19 +165,11 @@ class KubeSampler:
         pass
 
 
-def load_kube_pool(env: Mapping[str, str]) -> KubeBackend:
-    """Read the settings and the cluster's nodes and pods once; SystemExit naming what is wrong."""
-    namespace = env.get("GPUPOOL_KUBE_NAMESPACE") or "default"
-    try:
-        require_dns_label(namespace, "GPUPOOL_KUBE_NAMESPACE")
-    except ManifestError as error:
-        raise SystemExit(f"gpupool service: {error}") from None
-    shared = env.get("GPUPOOL_KUBE_SHARED_RESOURCE") or SHARED_RESOURCE
-    if "/" not in shared:
-        raise SystemExit(
-            f"GPUPOOL_KUBE_SHARED_RESOURCE must be a resource name such as {SHARED_RESOURCE}, got {shared!r}"
-        )
-    kubeconfig = env.get("KUBECONFIG") or None
+def load_kube_pool(
+    kubeconfig: str | None = None, namespace: str = "default", shared: str = SHARED_RESOURCE
+) -> KubeBackend:
+    """Read the cluster's nodes and pods once (through ``kubeconfig``, else the pod's service account or
+    ``~/.kube/config``); SystemExit saying what is wrong."""
 
     async def snapshot() -> KubeBackend:
         api = await connect(kubeconfig)
@@ -183,46 +196,3 @@ def load_kube_pool(env: Mapping[str, str]) -> KubeBackend:
         raise SystemExit(
             f"gpupool service: cannot read the cluster's nodes ({type(error).__name__}: {error})"
         ) from None
-
-
-def job_runner_from_env(
-    env: Mapping[str, str],
-    namespace: str,
-    nodes: tuple[Node, ...],
-    shared_resource: str = SHARED_RESOURCE,
-    *,
-    grace: float = 30.0,
-) -> KubeJobRunner:
-    """A :class:`.kube_runner.KubeJobRunner` from ``GPUPOOL_KUBE_JOB_IMAGE``, ``GPUPOOL_KUEUE_QUEUE``,
-    ``GPUPOOL_KUBE_HOME_CLAIM``, ``GPUPOOL_KUBE_HOME_MOUNT`` and ``GPUPOOL_SERVICE_URL`` (what job pods get
-    as theirs); SystemExit naming a missing or bad one."""
-    image = (env.get("GPUPOOL_KUBE_JOB_IMAGE") or "").strip()
-    if not image:
-        raise SystemExit(
-            "GPUPOOL_KUBE_JOB_IMAGE must name the image jobs run in (the single-user image, e.g. "
-            "registry.example.org/gpupool-singleuser:1.0) when GPUPOOL_BACKEND=kubernetes"
-        )
-    ttl_raw = env.get("GPUPOOL_KUBE_JOB_TTL_SECONDS") or "86400"
-    if not ttl_raw.isdigit():
-        raise SystemExit(f"GPUPOOL_KUBE_JOB_TTL_SECONDS must be a whole number of seconds, got {ttl_raw!r}")
-    try:
-        settings = JobSettings(
-            namespace=namespace,
-            claim_template=env.get("GPUPOOL_KUBE_HOME_CLAIM") or "claim-{username}",
-            home_mount=env.get("GPUPOOL_KUBE_HOME_MOUNT") or "/home/jovyan",
-            queue_name=env.get("GPUPOOL_KUEUE_QUEUE") or None,
-            grace_seconds=math.ceil(grace),
-            ttl_seconds_after_finished=int(ttl_raw),
-            service_url=(env.get("GPUPOOL_SERVICE_URL") or "").strip(),  # for the widgets inside a job
-        )
-        home_claim_name(settings, "gpupool-check")  # a bad template stops the service now, not at a job
-    except ManifestError as error:
-        text = str(error)
-        for field, name in (
-            ("settings.queue_name", "GPUPOOL_KUEUE_QUEUE"),
-            ("settings.claim_template", "GPUPOOL_KUBE_HOME_CLAIM"),
-            ("settings.home_mount", "GPUPOOL_KUBE_HOME_MOUNT"),
-        ):
-            text = text.replace(field, name)
-        raise SystemExit(f"gpupool service: {text}") from None
-    return KubeJobRunner(settings, image, nodes, shared_resource=shared_resource)

@@ -26,9 +26,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TypeVar
 
+from ..pool import gpu_equivalents
 from ..pool.devices import Health, Node
 from ..pool.explain import explain_refusal
-from ..pool.fair_share import DEFAULT_WINDOW, UsageSpan, gpu_weight, recent_usage
+from ..pool.fair_share import DEFAULT_WINDOW, UsageSpan, recent_usage
 from ..pool.node_state import Option
 from ..pool.policies import PlacementPolicy
 from ..pool.queue import AdmissionQueue, QueuedRequest, competes
@@ -73,7 +74,6 @@ class LeaseManager:
         self._clock = clock
         self._lock = threading.RLock()
         self._pool = PoolState(nodes, policy)
-        self._gpu_memory = {g.uuid: g.memory_mib for ns in self._pool.nodes for g in ns.gpus}
         self._queue = AdmissionQueue()
         self._granted_listeners: list[Callable[[list[Lease]], None]] = []
         self._health_marks: dict[tuple[str, int | None], dict[Health, str]] = {}
@@ -187,16 +187,15 @@ class LeaseManager:
         with self._lock:
             now = self._clock()
             spans = [
-                UsageSpan(lease.user, self._weight(lease), lease.granted_at or now, lease.released_at)
+                UsageSpan(
+                    lease.user,
+                    gpu_equivalents.of_grants(lease.devices),
+                    lease.granted_at or now,
+                    lease.released_at,
+                )
                 for lease in self.store.granted_since(now - self.usage_window)
             ]
             return recent_usage(spans, now, self.usage_window)
-
-    def _weight(self, lease: Lease) -> float:
-        mig = [g for g in lease.devices if g.kind == "mig"]
-        if mig:
-            return gpu_weight(lease.request, mig[0].memory_mib, self._gpu_memory.get(mig[0].gpu_uuid, 0))
-        return gpu_weight(lease.request)
 
     def set_health(self, node: str, health: Health, gpu_index: int | None = None, reason: str = "") -> None:
         """Mark a node, or one GPU on it: UNHEALTHY (a fault) or DRAINED (an admin) adds that mark, HEALTHY

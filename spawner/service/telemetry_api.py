@@ -17,7 +17,7 @@ their own granted leases.
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -34,6 +34,7 @@ from .idle_api import CULL_LIMITS
 from .leases import LeaseManager
 from .store import LeaseState
 from .telemetry_loop import Telemetry
+from .usage_store import UsageStore
 
 SERVICE_PREFIX = "/services/gpupool/"
 _MIB = 2**20
@@ -69,6 +70,7 @@ def telemetry_router(
     prefix: str = SERVICE_PREFIX,
     public_metrics: bool = False,
     run_loop: bool = True,
+    usage: UsageStore | None = None,
 ) -> APIRouter:
     """The routes, to ``app.include_router`` next to the lease API (same ``prefix`` as the service).
 
@@ -105,7 +107,7 @@ def telemetry_router(
 
     @router.get("/metrics", summary="Prometheus metrics of the pool and its devices", include_in_schema=False)
     async def get_metrics(_caller: Annotated[Caller | None, Depends(metrics_caller)]) -> Response:
-        return Response(render_metrics(manager, telemetry), media_type=CONTENT_TYPE_LATEST)
+        return Response(render_metrics(manager, telemetry, usage=usage), media_type=CONTENT_TYPE_LATEST)
 
     @router.get("/api/v1/telemetry", summary="Recent samples of the devices the caller may see")
     async def get_telemetry(
@@ -142,17 +144,33 @@ def telemetry_router(
     return router
 
 
-def metrics_public(env: Mapping[str, str]) -> bool:
-    """``GPUPOOL_METRICS_PUBLIC``: ``1`` lets anyone who reaches the service read ``metrics`` without a token
-    (like JupyterHub's ``authenticate_prometheus = False``); unset, only administrators may."""
-    return (env.get("GPUPOOL_METRICS_PUBLIC") or "").lower() in ("1", "true", "yes")
-
-
-def render_metrics(manager: LeaseManager, telemetry: Telemetry, now: float | None = None) -> bytes:
-    """The Prometheus text exposition of the pool's devices, leases and queue at this moment."""
+def render_metrics(
+    manager: LeaseManager, telemetry: Telemetry, now: float | None = None, usage: UsageStore | None = None
+) -> bytes:
+    """The Prometheus text exposition of the pool's devices, leases and queue at this moment; with ``usage``,
+    the GPU-hours held and used so far per user and profile, the same figures ``GET usage`` reports."""
+    now = time.time() if now is None else now
+    families = list(_families(manager, telemetry, now))
+    if usage is not None:
+        families += _usage_families(usage, now)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(list(_families(manager, telemetry, time.time() if now is None else now))))
+    registry.register(_Collector(families))
     return generate_latest(registry)
+
+
+def _usage_families(usage: UsageStore, now: float) -> list[Metric]:
+    held = CounterMetricFamily(
+        "gpupool_gpu_hours_held",
+        "GPU-hours held (in GPU-equivalents), stored minutes",
+        labels=["user", "profile"],
+    )
+    used = CounterMetricFamily(
+        "gpupool_gpu_hours_used", "GPU-hours held while busy (in GPU-equivalents)", labels=["user", "profile"]
+    )
+    for row in usage.report(0, now + 60):
+        held.add_metric([row.user, row.profile], row.gpu_hours_held)
+        used.add_metric([row.user, row.profile], row.gpu_hours_used)
+    return [held, used]
 
 
 class _Collector:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Protocol
 
 from ..backends.simulated_telemetry import PidsOf, SimulatedSampler
+from ..pool import gpu_equivalents
 from ..pool.devices import Node
 from ..telemetry.aggregates import Holder, MinuteAggregate, MinuteAggregator
 from ..telemetry.history import DEFAULT_INTERVAL_SECONDS, DEFAULT_WINDOW_SECONDS, SampleHistory
@@ -43,18 +43,6 @@ class Sampler(Protocol):
     def sample(self, at: float) -> Snapshot: ...
 
     def close(self) -> None: ...
-
-
-def sample_seconds(env: Mapping[str, str]) -> float:
-    """``GPUPOOL_SAMPLE_SECONDS`` (default 2); 0 turns sampling off. A bad value stops the service."""
-    raw = env.get("GPUPOOL_SAMPLE_SECONDS") or str(DEFAULT_INTERVAL_SECONDS)
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise SystemExit(f"GPUPOOL_SAMPLE_SECONDS must be a number of seconds, got {raw!r}") from None
-    if not math.isfinite(seconds) or seconds < 0 or 0 < seconds < 0.1:
-        raise SystemExit(f"GPUPOOL_SAMPLE_SECONDS must be 0 (off) or at least 0.1, got {raw!r}")
-    return seconds
 
 
 def make_sampler(
@@ -117,7 +105,8 @@ class Telemetry:
         for lease in self.manager.all_leases(active_only=True):
             if lease.state is LeaseState.GRANTED:
                 for grant in lease.devices:
-                    held.setdefault(grant.uuid, []).append(Holder(lease.user, lease.profile, lease.id))
+                    holder = Holder(lease.user, lease.profile, lease.id, gpu_equivalents.of_grant(grant))
+                    held.setdefault(grant.uuid, []).append(holder)
         return held
 
     def record(self, snapshot: Snapshot) -> list[MinuteAggregate]:

@@ -4,8 +4,9 @@ The sampler keeps ten minutes in memory; what an admin asks a month later ("who 
 them?") needs the minutes kept. Each closed minute of each held device is one row, in the lease store's
 database; a report sums them per user, profile and device into GPU-hours held against GPU-hours used.
 
-A MIG slice or a share is weighted by the part of its GPU it is (slices over the GPU's seven compute slices is
-close enough here; a share by its milli), so a 1g.10gb slice held for an hour is about 0.14 GPU-hours, not 1.
+Each minute is weighed by its holder's GPU-equivalents (:mod:`..pool.gpu_equivalents`), so a 1g.10gb slice of
+an H100 held for an hour is 1/7 of a GPU-hour and a quarter share 0.25: the same figures as the dashboard and
+``/metrics``.
 Minutes nobody held are not stored: idle hardware is the dashboard's business, not a user's bill.
 """
 
@@ -38,7 +39,6 @@ MINUTES = Table(
     Column("seconds_unknown", Float, nullable=False),
     Column("utilization_mean", Float),
 )
-_GPU_COMPUTE_SLICES = 7
 
 
 @dataclass(frozen=True)
@@ -56,14 +56,6 @@ class UsageRow:
         """The part of the held hours known to be idle; None when nothing known was held."""
         known = self.gpu_hours_held - self.gpu_hours_unknown
         return None if known <= 0 else max(0.0, known - self.gpu_hours_used) / known
-
-
-def device_weight(mig_profile: str | None) -> float:
-    """The part of a GPU a device is: 1 for a whole GPU, compute slices / 7 for a MIG slice (``3g.40gb``)."""
-    if not mig_profile:
-        return 1.0
-    slices = mig_profile.split("g.", 1)[0]
-    return int(slices) / _GPU_COMPUTE_SLICES if slices.isdigit() else 1.0
 
 
 class UsageStore:
@@ -85,7 +77,7 @@ class UsageStore:
                 "user": m.holder.user,
                 "profile": m.holder.profile,
                 "lease_id": m.holder.lease_id,
-                "weight": device_weight(m.mig_profile),
+                "weight": m.holder.gpu_equivalents,
                 "seconds_held": m.seconds_held,
                 "seconds_used": m.seconds_used,
                 "seconds_unknown": m.seconds_unknown,

@@ -27,6 +27,7 @@ class Holder:
     user: str
     profile: str
     lease_id: str
+    gpu_equivalents: float = 1.0  # of the device it holds (spawner/pool/gpu_equivalents.py): weighs its hours
 
 
 @dataclass(frozen=True)

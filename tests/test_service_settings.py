@@ -1,0 +1,88 @@
+"""The service's settings: every ``GPUPOOL_*`` variable feeds a documented trait, a config file and the command
+line can set the same, and a bad value stops the service naming the variable."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gpupool.spawner.service.settings import ServiceSettings, settings_table
+
+HUB = {"JUPYTERHUB_API_URL": "http://127.0.0.1:8081/hub/api"}
+README = Path(__file__).parent.parent / "README.md"
+SOURCES = [Path(__file__).parent.parent / d for d in ("spawner", "widgets", "hub_config")]
+
+
+def settings(**env: str) -> ServiceSettings:
+    return ServiceSettings.from_environment(HUB | env)
+
+
+@pytest.mark.parametrize(("raw", "seconds"), [(None, 2.0), ("0", 0.0), ("0.5", 0.5)])
+def test_the_sample_interval_comes_from_the_environment(raw: str | None, seconds: float) -> None:
+    assert settings(**({} if raw is None else {"GPUPOOL_SAMPLE_SECONDS": raw})).sample_seconds == seconds
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "said"),
+    [
+        ("GPUPOOL_SAMPLE_SECONDS", "often", "GPUPOOL_SAMPLE_SECONDS must be a number, got 'often'"),
+        ("GPUPOOL_SAMPLE_SECONDS", "0.01", "GPUPOOL_SAMPLE_SECONDS must be 0 (off) or at least 0.1"),
+        ("GPUPOOL_SAMPLE_SECONDS", "nan", "GPUPOOL_SAMPLE_SECONDS must be 0 (off) or at least 0.1"),
+        ("GPUPOOL_RECONCILE_SECONDS", "-1", "GPUPOOL_RECONCILE_SECONDS must be 0 or more seconds"),
+        ("GPUPOOL_GPU_IDLE_THRESHOLD", "100", "GPUPOOL_GPU_IDLE_THRESHOLD must be from 0 to under 100"),
+        ("GPUPOOL_MAX_QUEUED_JOBS", "1.5", "GPUPOOL_MAX_QUEUED_JOBS must be a whole number, got '1.5'"),
+        ("GPUPOOL_METRICS_PUBLIC", "maybe", "GPUPOOL_METRICS_PUBLIC must be 1 or 0 (true or false)"),
+        ("GPUPOOL_BACKEND", "slurm", "GPUPOOL_BACKEND must be local or kubernetes, got 'slurm'"),
+        ("GPUPOOL_POLICY", "fastest", "GPUPOOL_POLICY: unknown placement policy 'fastest'"),
+        ("GPUPOOL_KUBE_NAMESPACE", "Team A", "GPUPOOL_KUBE_NAMESPACE: expected an RFC 1123 label"),
+        ("GPUPOOL_KUBE_SHARED_RESOURCE", "shared", "GPUPOOL_KUBE_SHARED_RESOURCE must be a resource name"),
+    ],
+)
+def test_a_bad_value_stops_the_service_naming_its_variable(variable: str, raw: str, said: str) -> None:
+    with pytest.raises(SystemExit, match=re.escape(said)):
+        settings(**{variable: raw})
+
+
+def test_switches_read_the_usual_spellings() -> None:
+    assert settings(GPUPOOL_METRICS_PUBLIC="yes").metrics_public
+    assert settings(GPUPOOL_STOP_UNLEASED="1").stop_unleased
+    assert not settings(GPUPOOL_STOP_UNLEASED="").stop_unleased
+
+
+def test_a_config_file_overrides_the_environment_and_the_command_line_overrides_both(tmp_path: Path) -> None:
+    config = tmp_path / "service_config.py"
+    config.write_text("c.ServiceSettings.policy = 'fgd'\nc.ServiceSettings.max_queued_jobs = 7\n")
+    env = HUB | {
+        "GPUPOOL_CONFIG_FILE": str(config),
+        "GPUPOOL_POLICY": "spread",
+        "GPUPOOL_MAX_QUEUED_JOBS": "3",
+    }
+    loaded = ServiceSettings.from_environment(env, ["--ServiceSettings.max_queued_jobs=9"])
+    assert loaded.policy == "fgd" and loaded.max_queued_jobs == 9
+
+
+def test_without_the_hubs_api_the_service_says_how_to_run_it() -> None:
+    with pytest.raises(SystemExit, match="JUPYTERHUB_API_URL is not set"):
+        ServiceSettings.from_environment({})
+
+
+def test_every_gpupool_variable_the_service_reads_is_a_documented_setting() -> None:
+    traits = ServiceSettings.class_own_traits(config=True)
+    variables = {t.metadata["env"] for t in traits.values()}
+    assert all(str(t.help).strip() for t in traits.values())
+    service = Path(__file__).parent.parent / "spawner" / "service"
+    mentioned = {
+        name
+        for path in service.glob("*.py")
+        for name in re.findall(r"GPUPOOL_[A-Z_]+", path.read_text())
+        if not name.startswith(
+            ("GPUPOOL_JOB_ID", "GPUPOOL_LEASE", "GPUPOOL_CHECKPOINT", "GPUPOOL_JOB_ATTEMPT")
+        )
+    }  # the four left out are what gpupool sets in a job's environment, not settings
+    assert mentioned - variables == set()
+
+
+def test_the_readme_lists_every_setting_as_the_code_defines_it() -> None:
+    assert settings_table() in README.read_text()
