@@ -59,7 +59,7 @@ if os.geteuid() == 0:
 # `gpupool kube up`'s local cluster: its kubelet runs the pod's command (the singleuser server above) on this
 # machine at an address of the pod's own, which the hub reaches on loopback.
 if settings.kubeconfig:
-    os.environ["KUBECONFIG"] = settings.kubeconfig  # KubeSpawner's client reads it
+    os.environ.setdefault("KUBECONFIG", settings.kubeconfig)  # gpupool up sets it; `jupyterhub -f` may not
     c.JupyterHub.spawner_class = "gpupool-kube"  # KubeGPUSpawner
     c.JupyterHub.hub_connect_ip = "127.0.0.1"
     c.KubeGPUSpawner.namespace = up.KUBE_NAMESPACE

@@ -16,10 +16,12 @@ from typing import Any
 import httpx
 import pytest
 from hub_harness import environ_of
+from jupyterhub.app import JupyterHub
 from traitlets.config import Config, PyFileConfigLoader
 from up_harness import api_token, extra_config, free_port_family, login, require_proxy, start_up, up_command
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
+from gpupool.spawner.hub.spawner import LocalGPUSpawner, SimpleLocalGPUSpawner
 from gpupool.spawner.hub.up import ENV, demo_password, embedded_config, prepare
 from gpupool.widgets import Connection
 
@@ -185,13 +187,21 @@ def _assert_every_option_exists(config: Config) -> None:
         assert not unknown, f"{section} has no options {sorted(unknown)}"
 
 
+def _spawner_class(config: Any) -> type:
+    """The class JupyterHub makes of the configured name (an entry point such as "gpupool", or a dotted path)."""
+    hub = JupyterHub()
+    hub.spawner_class = config.JupyterHub.spawner_class
+    found: type = hub.spawner_class
+    return found
+
+
 def test_the_production_config_loads_and_names_only_real_options(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)  # it keeps its state in the working directory
     config = _load(ROOT / "hub_config" / "jupyterhub_config.py")
     _assert_every_option_exists(config)
-    assert config.JupyterHub.spawner_class == "gpupool.spawner.hub.spawner.LocalGPUSpawner"
+    assert _spawner_class(config) is LocalGPUSpawner
     assert config.JupyterHub.authenticator_class == "pam"
     token = (tmp_path / "gpupool-hub-token").read_text().strip()
     assert config.LocalGPUSpawner.service_api_token == token
@@ -205,7 +215,7 @@ def test_the_embedded_config_loads_and_names_only_real_options(
     monkeypatch.setenv(ENV, prepared.env[ENV])
     config = _load(embedded_config())
     _assert_every_option_exists(config)
-    assert config.JupyterHub.spawner_class == "gpupool.spawner.hub.spawner.SimpleLocalGPUSpawner"
+    assert _spawner_class(config) is SimpleLocalGPUSpawner
     assert config.SharedPasswordAuthenticator.admin_password == demo_password(tmp_path / "state")
     (service,) = (s for s in config.JupyterHub.services if s["name"] == "gpupool")
     assert service["environment"]["GPUPOOL_POOL"] == str(DEMO_POOL.resolve())

@@ -58,6 +58,7 @@ class Service:
         self.jobs = JobManager(
             self.manager, JobStore(self.manager.store.engine), load_profiles(EXAMPLE_PROFILES)
         )
+        self.cluster = self.backend.follow(self.manager, self.jobs)  # the start-up health, applied now
 
     def free_a100s(self) -> int:
         return self.manager.availability({"a100": ONE_A100})["a100"][0]
@@ -88,7 +89,7 @@ def test_a_node_whose_kubelet_falls_silent_goes_not_ready_and_takes_no_new_lease
         manager = service.manager
 
         async def scenario() -> None:
-            async with service.backend.watching(service.manager, service.jobs):
+            async with service.cluster.watching():
                 assert manager.health_of(agent.name) is Health.HEALTHY
                 agent.go_silent()  # the node-lifecycle controller notices within its grace period
                 await eventually(
@@ -165,7 +166,7 @@ def test_an_outside_pod_using_two_a100s_lowers_free_capacity_until_it_ends(
     done = tmp_path / "done"
 
     async def scenario() -> None:
-        async with service.backend.watching(service.manager, service.jobs):
+        async with service.cluster.watching():
             assert service.free_a100s() == 4
             workload_pod(kube, namespace, "their-training", A100, {"nvidia.com/gpu": 2}, wait_for_file(done))
             await eventually(lambda: service.free_a100s() == 2, "two A100s held by the outside pod")

@@ -68,6 +68,7 @@ class Service:
         self.jobs = JobManager(
             self.manager, JobStore(self.manager.store.engine), PROFILES, grace=1, job_runner=runner
         )
+        self.cluster = self.backend.follow(self.manager, self.jobs)
 
     def run(self, scenario: Callable[[JobManager], Awaitable[None]]) -> None:
         """Run ``scenario`` against the job manager while the service runs (its watches and its job loop)."""
@@ -80,7 +81,7 @@ class Service:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[JobManager]:
-        async with self.backend.watching(self.manager, self.jobs):
+        async with self.cluster.watching():
             loop = asyncio.create_task(self.jobs.run_forever(interval=0.05))
             try:
                 yield self.jobs

@@ -334,6 +334,8 @@ def prepare(
         messages.append(f"JupyterHub at {settings.public_url}")
     argv = [sys.executable, "-m", "jupyterhub", "-f", str(embedded_config())]
     env = dict(environ) | {ENV: settings.to_env()}
+    if settings.kubeconfig:
+        env["KUBECONFIG"] = settings.kubeconfig  # KubeSpawner's client reads it when first imported
     return Prepared(argv, env, messages)
 
 

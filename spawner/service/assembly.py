@@ -42,7 +42,7 @@ from .usage_api import usage_router
 from .usage_store import UsageStore
 
 if TYPE_CHECKING:
-    from .kube_pool import KubeBackend
+    from .kube_pool import ClusterFollower, KubeBackend
     from .kube_runner import KubeJobRunner
 
 log = logging.getLogger("gpupool.service")
@@ -58,7 +58,7 @@ class Service:
     jobs: JobManager
     auth: Authenticator
     login: BrowserLogin | None = None
-    kube: KubeBackend | None = None
+    cluster: ClusterFollower | None = None  # the Kubernetes backend's watches
     # the routers' own lifespans (telemetry sampling, activity folding), merged by FastAPI, run inside ours
     routers_lifespan: Callable[[FastAPI], AbstractAsyncContextManager[Any]] | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -67,8 +67,8 @@ class Service:
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         """Start every loop, serve, then stop them all (newest first) and close the clients."""
         async with AsyncExitStack() as stack:
-            if self.kube is not None:
-                await stack.enter_async_context(self.kube.watching(self.manager, self.jobs))
+            if self.cluster is not None:
+                await stack.enter_async_context(self.cluster.watching())
             self._start(self.jobs.run_forever(), "gpupool-jobs")
             hub = self._reconciler()
             if hub is not None:
@@ -182,7 +182,8 @@ def assemble(settings: ServiceSettings) -> Service:
             usage=usage,
         )
     )
-    service = Service(settings, app, manager, jobs, auth, login, kube, app.router.lifespan_context)
+    cluster = kube.follow(manager, jobs) if kube is not None else None
+    service = Service(settings, app, manager, jobs, auth, login, cluster, app.router.lifespan_context)
     app.router.lifespan_context = service.lifespan
     return service
 

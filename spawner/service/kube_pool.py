@@ -59,53 +59,10 @@ class KubeBackend:
     problems: dict[str, str | None] = field(default_factory=dict)
     usage: dict[str, dict[str, int]] = field(default_factory=dict)
 
-    @asynccontextmanager
-    async def watching(self, manager: LeaseManager, jobs: JobManager) -> AsyncIterator[None]:
-        """Apply the start-up health and outside usage, then keep them current (the inventory's watches, and
-        the Kubernetes job runner's) until the block ends."""
-        conditions = NodeConditions(jobs)
-        pooled = {node.name: node for node in self.nodes}
-
-        def health(name: str, problem: str | None) -> None:
-            if name not in pooled:
-                log.warning(
-                    "node %s is not in the pool (it joined after start-up): %s", name, problem or "ready"
-                )
-                return
-            conditions.update(name, problem)
-
-        def usage(name: str, held: dict[str, int]) -> None:
-            if name not in pooled:
-                return
-            missing = manager.set_outside_use(
-                name, outside_use(pooled[name], held, shared_resource=self.shared_resource)
-            )
-            log.info("other workloads hold %s on %s", held or "nothing", name)
-            if missing:
-                log.warning("node %s: other workloads hold more than is free: %s", name, missing)
-
-        for name, problem in self.problems.items():
-            if problem is not None:
-                health(name, problem)
-        for name, held in self.usage.items():
-            usage(name, held)
-        api = await connect(self.kubeconfig)
-        inventory = KubeInventory(api, shared_resource=self.shared_resource)
-        inventory.problems = dict(self.problems)  # so the first list reports only what changed since
-        inventory.usage = {name: dict(held) for name, held in self.usage.items()}
-        inventory.on_health(health)
-        inventory.on_usage(usage)
-        runner = jobs.runner if isinstance(jobs.runner, KubeJobRunner) else None
-        try:
-            await inventory.start()
-            if runner is not None:
-                await runner.start(api)
-            yield
-        finally:
-            if runner is not None:
-                await runner.close()
-            await inventory.stop()
-            await api.close()
+    def follow(self, manager: LeaseManager, jobs: JobManager) -> ClusterFollower:
+        """Apply the health and outside usage the cluster showed at start-up to ``manager`` now; the
+        follower's :meth:`ClusterFollower.watching` keeps them current."""
+        return ClusterFollower(self, manager, jobs)
 
     def job_runner(
         self,
@@ -146,6 +103,63 @@ class KubeBackend:
                 text = text.replace(field_name, variable)
             raise SystemExit(f"gpupool service: {text}") from None
         return KubeJobRunner(settings, image.strip(), self.nodes, shared_resource=self.shared_resource)
+
+
+class ClusterFollower:
+    """Keeps the lease manager in step with the cluster: node health through the job manager's fault path
+    (:class:`.health.NodeConditions`), other workloads' use as outside holdings."""
+
+    def __init__(self, backend: KubeBackend, manager: LeaseManager, jobs: JobManager) -> None:
+        self.backend = backend
+        self.manager = manager
+        self.jobs = jobs
+        self._conditions = NodeConditions(jobs)
+        self._pooled = {node.name: node for node in backend.nodes}
+        for name, problem in backend.problems.items():
+            if problem is not None:
+                self.health(name, problem)
+        for name, held in backend.usage.items():
+            self.usage(name, held)
+
+    def health(self, name: str, problem: str | None) -> None:
+        if name not in self._pooled:
+            log.warning("node %s is not in the pool (it joined after start-up): %s", name, problem or "ready")
+            return
+        self._conditions.update(name, problem)
+
+    def usage(self, name: str, held: dict[str, int]) -> None:
+        if name not in self._pooled:
+            return
+        shared = self.backend.shared_resource
+        missing = self.manager.set_outside_use(
+            name, outside_use(self._pooled[name], held, shared_resource=shared)
+        )
+        log.info("other workloads hold %s on %s", held or "nothing", name)
+        if missing:
+            log.warning("node %s: other workloads hold more than is free: %s", name, missing)
+
+    @asynccontextmanager
+    async def watching(self) -> AsyncIterator[None]:
+        """Watch the cluster (the inventory, and the Kubernetes job runner's Jobs and pods) until the block
+        ends."""
+        backend = self.backend
+        api = await connect(backend.kubeconfig)
+        inventory = KubeInventory(api, shared_resource=backend.shared_resource)
+        inventory.problems = dict(backend.problems)  # so the first list reports only what changed since
+        inventory.usage = {name: dict(held) for name, held in backend.usage.items()}
+        inventory.on_health(self.health)
+        inventory.on_usage(self.usage)
+        runner = self.jobs.runner if isinstance(self.jobs.runner, KubeJobRunner) else None
+        try:
+            await inventory.start()
+            if runner is not None:
+                await runner.start(api)
+            yield
+        finally:
+            if runner is not None:
+                await runner.close()
+            await inventory.stop()
+            await api.close()
 
 
 class KubeSampler:
