@@ -17,6 +17,7 @@ from token_hub import token_hub
 
 from gpupool.spawner.service.dashboard import HeldDevice, dashboard_router, held_idle
 from gpupool.spawner.service.dashboard_page import IdleDevice, duration, heat_colour, idle_line, pool_tree
+from gpupool.spawner.service.usage_store import UsageStore
 from gpupool.spawner.telemetry.aggregates import Holder, MinuteAggregate
 from gpupool.spawner.telemetry.samples import Sample
 
@@ -113,6 +114,7 @@ def _service(tmp: Path, hub_api: str) -> Service:
             backend="simulated",
             source="demo",
             idle_after=60,
+            usage=UsageStore(service.manager.store.engine),
         )
     )
     start = time.time() + 1  # after every grant

@@ -1,7 +1,8 @@
 """Fair share: how much GPU each user used recently, so that within a priority class the lighter user goes first.
 
 Usage is GPU-seconds inside a sliding window (``now - window`` to ``now``), each lease weighed by the
-GPU-equivalents of its devices (:mod:`.gpu_equivalents`; a CPU-only lease 0). Pure arithmetic over lease spans the caller reads from its store; the caller's clock gives ``now``.
+GPU-equivalents of its devices (:mod:`.gpu_equivalents`; a CPU-only lease 0). Pure arithmetic over lease spans
+the caller reads from its store; the caller's clock gives ``now``.
 """
 
 from __future__ import annotations

@@ -57,7 +57,6 @@ class Service:
     manager: LeaseManager
     jobs: JobManager
     auth: Authenticator
-    login: BrowserLogin | None = None
     cluster: ClusterFollower | None = None  # the Kubernetes backend's watches
     # the routers' own lifespans (telemetry sampling, activity folding), merged by FastAPI, run inside ours
     routers_lifespan: Callable[[FastAPI], AbstractAsyncContextManager[Any]] | None = None
@@ -183,7 +182,7 @@ def assemble(settings: ServiceSettings) -> Service:
         )
     )
     cluster = kube.follow(manager, jobs) if kube is not None else None
-    service = Service(settings, app, manager, jobs, auth, login, cluster, app.router.lifespan_context)
+    service = Service(settings, app, manager, jobs, auth, cluster, app.router.lifespan_context)
     app.router.lifespan_context = service.lifespan
     return service
 

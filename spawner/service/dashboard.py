@@ -151,17 +151,15 @@ def dashboard_router(
     clock: Callable[[], float] = time.time,
     login: BrowserLogin | None = None,
     warnings: Warnings | None = None,
-    usage: UsageStore | None = None,
+    usage: UsageStore,
 ) -> APIRouter:
-    """``GET {prefix}``: the admin dashboard or the caller's own page (with ``usage``, the stored GPU-hours
-    ``GET usage`` reports; else the minutes this process has seen), and ``GET {prefix}my/warnings`` (the
+    """``GET {prefix}``: the admin dashboard or the caller's own page (its GPU-hours are the stored ones
+    ``GET usage`` reports), and ``GET {prefix}my/warnings`` (the
     caller's pending cull warnings, for the hub's home page); to ``app.include_router``. With ``login``, a
     browser without a token is sent through the hub's OAuth first (and the callback route is added)."""
     base = "/" + prefix.strip("/")
 
     def my_usage(user: str) -> list[tuple[str, float, float, float]]:
-        if usage is None:
-            return _usage(telemetry.minutes, user)
         return [
             (r.profile, r.gpu_hours_held, r.gpu_hours_used, r.gpu_hours_unknown)
             for r in usage.report(0, clock() + 60, user=user)
@@ -293,16 +291,3 @@ def _my_devices(
             f"<li>{html.escape(lease.profile)} (lease {html.escape(lease.id)}){cells or ' — no GPU'}</li>"
         )
     return f"<ul>{''.join(rows)}</ul>" if rows else "<p>You hold no devices now.</p>"
-
-
-def _usage(minutes: Iterable[MinuteAggregate], user: str) -> list[tuple[str, float, float, float]]:
-    """Per profile: GPU-hours held, used and unknown by ``user``, from the per-minute aggregates in memory."""
-    totals: dict[str, list[float]] = {}
-    for aggregate in minutes:
-        if aggregate.holder is not None and aggregate.holder.user == user:
-            row = totals.setdefault(aggregate.holder.profile, [0.0, 0.0, 0.0])
-            weight = aggregate.holder.gpu_equivalents / 3600  # a slice's hour is its part of a GPU-hour
-            row[0] += aggregate.seconds_held * weight
-            row[1] += aggregate.seconds_used * weight
-            row[2] += aggregate.seconds_unknown * weight
-    return [(profile, held, used, unknown) for profile, (held, used, unknown) in sorted(totals.items())]

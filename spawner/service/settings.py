@@ -162,32 +162,30 @@ class ServiceSettings(Application):
 
     @validate("backend")
     def _backend(self, proposal: dict[str, Any]) -> str:
-        return _one_of(self, "backend", proposal["value"], ("local", "kubernetes"))
+        if proposal["value"] not in ("local", "kubernetes"):
+            raise TraitError(f"{_name('backend')} must be local or kubernetes, got {proposal['value']!r}")
+        return str(proposal["value"])
 
     @validate("policy")
     def _policy(self, proposal: dict[str, Any]) -> str:
         try:
             policy_by_name(proposal["value"])
         except ValueError as error:
-            raise TraitError(f"{_name(self, 'policy')}: {error}") from None
+            raise TraitError(f"{_name('policy')}: {error}") from None
         return str(proposal["value"])
 
     @validate("reconcile_seconds", "job_grace_seconds")
     def _non_negative(self, proposal: dict[str, Any]) -> float:
         value = float(proposal["value"])
         if not (math.isfinite(value) and value >= 0):
-            raise TraitError(
-                f"{_name(self, proposal['trait'].name)} must be 0 or more seconds, got {value!r}"
-            )
+            raise TraitError(f"{_name(proposal['trait'].name)} must be 0 or more seconds, got {value!r}")
         return value
 
     @validate("sample_seconds")
     def _sample_seconds(self, proposal: dict[str, Any]) -> float:
         value = float(proposal["value"])
         if not math.isfinite(value) or value < 0 or 0 < value < 0.1:
-            raise TraitError(
-                f"{_name(self, 'sample_seconds')} must be 0 (off) or at least 0.1, got {value!r}"
-            )
+            raise TraitError(f"{_name('sample_seconds')} must be 0 (off) or at least 0.1, got {value!r}")
         return value
 
     @validate("gpu_idle_threshold")
@@ -195,7 +193,7 @@ class ServiceSettings(Application):
         value = float(proposal["value"])
         if not (math.isfinite(value) and 0 <= value < 100):
             raise TraitError(
-                f"{_name(self, 'gpu_idle_threshold')} must be from 0 to under 100 (percent), got {value!r}"
+                f"{_name('gpu_idle_threshold')} must be from 0 to under 100 (percent), got {value!r}"
             )
         return value
 
@@ -203,13 +201,13 @@ class ServiceSettings(Application):
     def _count(self, proposal: dict[str, Any]) -> int:
         value = int(proposal["value"])
         if value < 0:
-            raise TraitError(f"{_name(self, proposal['trait'].name)} must be 0 or more, got {value}")
+            raise TraitError(f"{_name(proposal['trait'].name)} must be 0 or more, got {value}")
         return value
 
     @validate("kube_namespace")
     def _namespace(self, proposal: dict[str, Any]) -> str:
         try:
-            return require_dns_label(proposal["value"], _name(self, "kube_namespace"))
+            return require_dns_label(proposal["value"], _name("kube_namespace"))
         except ManifestError as error:
             raise TraitError(str(error)) from None
 
@@ -217,7 +215,7 @@ class ServiceSettings(Application):
     def _shared(self, proposal: dict[str, Any]) -> str:
         if "/" not in proposal["value"]:
             raise TraitError(
-                f"{_name(self, 'kube_shared_resource')} must be a resource name such as {SHARED_RESOURCE}, "
+                f"{_name('kube_shared_resource')} must be a resource name such as {SHARED_RESOURCE}, "
                 f"got {proposal['value']!r}"
             )
         return str(proposal["value"])
@@ -225,7 +223,7 @@ class ServiceSettings(Application):
     @validate("bind_url")
     def _bind_url(self, proposal: dict[str, Any]) -> str:
         if urlsplit(proposal["value"]).hostname is None:
-            raise TraitError(f"{_name(self, 'bind_url')} has no host: {proposal['value']!r}")
+            raise TraitError(f"{_name('bind_url')} has no host: {proposal['value']!r}")
         return str(proposal["value"])
 
     # ---- loading -------------------------------------------------------------------------------------------
@@ -257,7 +255,7 @@ class ServiceSettings(Application):
 def environment_config(env: Mapping[str, str]) -> Config:
     """The settings ``env`` sets, as a traitlets Config; a value a trait cannot read names its variable."""
     section: dict[str, Any] = {}
-    for name, trait in ServiceSettings.class_own_traits(config=True).items():
+    for name, trait in _settings():
         variable = str(trait.metadata.get("env") or "")
         raw = env.get(variable) if variable else None
         if raw is None or (raw == "" and not isinstance(trait, Unicode)):
@@ -280,23 +278,24 @@ def _read(trait: TraitType[Any, Any], variable: str, raw: str) -> Any:
     return raw
 
 
-def _name(settings: ServiceSettings, trait: str) -> str:
+def _name(trait: str) -> str:
     """How the user set ``trait``: its environment variable (the usual way), else its config name."""
     return str(ServiceSettings.class_traits()[trait].metadata.get("env") or f"ServiceSettings.{trait}")
 
 
-def _one_of(settings: ServiceSettings, trait: str, value: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise TraitError(f"{_name(settings, trait)} must be {' or '.join(allowed)}, got {value!r}")
-    return value
+def _settings() -> list[tuple[str, TraitType[Any, Any]]]:
+    """gpupool's own settings (not Application's logging ones), in the order the class declares them."""
+    return [
+        (name, value)
+        for name, value in vars(ServiceSettings).items()
+        if isinstance(value, TraitType) and value.metadata.get("config")
+    ]
 
 
 def settings_table() -> str:
     """The Markdown table of every setting: config name, environment variable, default and help."""
     rows = ["| setting | environment | default | what it does |", "|---|---|---|---|"]
-    for name, trait in sorted(
-        ServiceSettings.class_own_traits(config=True).items(), key=lambda kv: _order(kv[0])
-    ):
+    for name, trait in _settings():
         default = trait.default_value
         shown = "" if default in ("", None) else f"`{default}`"
         if name == "profiles_file":
@@ -304,9 +303,3 @@ def settings_table() -> str:
         help_text = " ".join(str(trait.help).split()).replace("|", "\\|")
         rows.append(f"| `{name}` | `{trait.metadata.get('env', '')}` | {shown} | {help_text} |")
     return "\n".join(rows)
-
-
-def _order(name: str) -> int:
-    names = list(ServiceSettings.class_own_traits(config=True))
-    declared = [n for n in vars(ServiceSettings) if n in names]
-    return declared.index(name) if name in declared else len(declared)

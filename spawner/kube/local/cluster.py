@@ -37,7 +37,7 @@ class Kubelet:
         serving = self.pki.issue(
             "kubelet-serving", "gpupool-kubelet", server_names=("127.0.0.1", "localhost")
         )
-        self.logs = LogServer(folder, serving, self.pki.ca.cert)
+        self.logs = LogServer(serving, self.pki.ca.cert)
         self.addresses = PodAddresses()
         self.agents: dict[str, NodeAgent] = {}
 

@@ -31,6 +31,7 @@ read as ``Never``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -76,7 +77,7 @@ class PodAddresses:
     """Hands out one loopback address per pod (127.1.0.1, 127.1.0.2, …)."""
 
     def __init__(self) -> None:
-        self._next = 1
+        self._next = 0
 
     def take(self) -> str:
         n, self._next = self._next, self._next + 1
@@ -110,8 +111,7 @@ class RunningPod:
 class LogServer:
     """The kubelet's log endpoint for every node of this kubelet (one port; the path names the pod)."""
 
-    def __init__(self, folder: Path, serving: KeyPair, ca: Path) -> None:
-        self.folder = folder
+    def __init__(self, serving: KeyPair, ca: Path) -> None:
         self.port = 0
         self._serving, self._ca = serving, ca
         self.logs: dict[tuple[str, str, str], tuple[Path, asyncio.Event]] = {}
@@ -529,8 +529,6 @@ class NodeAgent:
         answer.raise_for_status()
         body = answer.json()
         if kind == "secrets":
-            import base64
-
             return {k: base64.b64decode(v).decode() for k, v in body.get("data", {}).items()}
         return {str(k): str(v) for k, v in body.get("data", {}).items()}
 
