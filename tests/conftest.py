@@ -38,3 +38,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.browser)
         if starts_processes[path.stem]:
             item.add_marker(pytest.mark.e2e)
+    # The control plane, once started, runs until the session ends: run the tests that need it last, so it
+    # does not take CPU from the timing-sensitive tests (telemetry from real CPU load) that would follow.
+    items.sort(key=lambda item: item.get_closest_marker("kube") is not None)
