@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
+from kubernetes_asyncio.config import kube_config
+from kubespawner.clients import load_config
 
 from gpupool.spawner.backends.simulated import load_pool_file, parse_pool
 from gpupool.spawner.kube.local.build import BuildError, ensure_built
@@ -291,3 +293,12 @@ def home_claim(kube: LocalKube, namespace: str, user: str) -> None:
             },
         },
     )
+
+
+def point_kubespawner_at(monkeypatch: pytest.MonkeyPatch, kubeconfig: Path) -> None:
+    """Make KubeSpawner read ``kubeconfig`` in this test. Its client reads ``KUBECONFIG`` once, at import, and
+    KubeSpawner loads the client configuration once per process (``kubespawner.clients.load_config`` is cached),
+    so an earlier test's cluster would otherwise stay in force."""
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    load_config.cache_clear()

@@ -22,8 +22,7 @@ import httpx
 import pytest
 from hub_harness import free_port, service_command
 from jupyterhub.objects import Hub, Server
-from kube_cluster import A100, H100, LocalKube, eventually, service_account_kubeconfig
-from kubernetes_asyncio.config import kube_config
+from kube_cluster import A100, H100, LocalKube, eventually, point_kubespawner_at, service_account_kubeconfig
 from token_hub import token_hub
 
 from gpupool.spawner.hub.kube_spawner import KubeGPUSpawner
@@ -96,8 +95,7 @@ def hub(kube: LocalKube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[H
 def test_users_get_pods_bound_by_the_scheduler_to_their_leased_nodes_with_their_leased_resources(
     hub: Hub_, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(hub.kubeconfig))  # read at import
-    monkeypatch.setenv("KUBECONFIG", str(hub.kubeconfig))
+    point_kubespawner_at(monkeypatch, hub.kubeconfig)
     seen: dict[str, dict[str, Any]] = {}
 
     async def all_three() -> list[str]:

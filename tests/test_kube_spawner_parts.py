@@ -10,8 +10,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 from jupyterhub.spawner import SpawnException
+from kube_cluster import point_kubespawner_at
 from kubernetes_asyncio.client import ApiClient
-from kubernetes_asyncio.config import kube_config
 
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles
 from gpupool.spawner.hub import form
@@ -34,9 +34,7 @@ def _kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """KubeSpawner loads a client configuration even when nothing calls the API: one that leads nowhere."""
     path = tmp_path / "kubeconfig"
     path.write_text(KUBECONFIG)
-    monkeypatch.setenv("KUBECONFIG", str(path))
-    # the client reads KUBECONFIG once, when it is imported
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+    point_kubespawner_at(monkeypatch, path)
 
 
 class _User:
