@@ -33,10 +33,10 @@ from job_user import job_user  # noqa: E402
 
 from gpupool.spawner.pool.profiles import Profile  # noqa: E402
 from gpupool.spawner.pool.requests import Request, WholeGpus  # noqa: E402
-from gpupool.spawner.service.job_store import JobStore  # noqa: E402
-from gpupool.spawner.service.jobs import JobManager, Submission  # noqa: E402
-from gpupool.spawner.service.leases import LeaseManager  # noqa: E402
-from gpupool.spawner.service.store import LeaseStore, sqlite_url  # noqa: E402
+from gpupool.spawner.service.jobs.job_manager import JobManager, Submission  # noqa: E402
+from gpupool.spawner.service.leasing.lease_manager import LeaseManager  # noqa: E402
+from gpupool.spawner.service.store.job_store import JobStore  # noqa: E402
+from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url  # noqa: E402
 
 H100 = frozenset({"H100-80GB"})
 ONE = Profile("h100", "One H100", 1000, 1024, WholeGpus(1, H100), max_lifetime=600)

@@ -43,10 +43,10 @@ from gpupool.spawner.backends.simulated import parse_pool  # noqa: E402
 from gpupool.spawner.backends.simulated_telemetry import SimulatedSampler  # noqa: E402
 from gpupool.spawner.pool.devices import Node  # noqa: E402
 from gpupool.spawner.pool.requests import MigSlice, Request  # noqa: E402
-from gpupool.spawner.service.leases import LeaseManager  # noqa: E402
-from gpupool.spawner.service.store import LeaseStore, sqlite_url  # noqa: E402
-from gpupool.spawner.service.telemetry_api import render_metrics  # noqa: E402
-from gpupool.spawner.service.telemetry_loop import Telemetry  # noqa: E402
+from gpupool.spawner.service.api.telemetry_routes import render_metrics  # noqa: E402
+from gpupool.spawner.service.leasing.lease_manager import LeaseManager  # noqa: E402
+from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url  # noqa: E402
+from gpupool.spawner.service.telemetry.telemetry_loop import Telemetry  # noqa: E402
 from gpupool.spawner.telemetry import Snapshot  # noqa: E402
 
 GPUS, SLICES = 8, 7

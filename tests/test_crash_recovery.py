@@ -38,7 +38,7 @@ from test_local_spawner import (
 )
 from test_reconcile import SERVICE_ROLE
 
-from gpupool.spawner.service.reconcile import SERVER_GONE
+from gpupool.spawner.service.leasing.reconcile import SERVER_GONE
 
 USERS = ("alice", "bob", "carol", "dave")
 _probes = itertools.count()

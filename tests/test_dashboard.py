@@ -15,9 +15,9 @@ import pytest
 from test_telemetry_api import USERS, Client, Service
 from token_hub import token_hub
 
-from gpupool.spawner.service.dashboard import HeldDevice, dashboard_router, held_idle
-from gpupool.spawner.service.dashboard_page import IdleDevice, duration, heat_colour, idle_line, pool_tree
-from gpupool.spawner.service.usage_store import UsageStore
+from gpupool.spawner.service.api.page_html import IdleDevice, duration, heat_colour, idle_line, pool_tree
+from gpupool.spawner.service.api.pages import HeldDevice, dashboard_router, held_idle
+from gpupool.spawner.service.store.usage_store import UsageStore
 from gpupool.spawner.telemetry.aggregates import Holder, MinuteAggregate
 from gpupool.spawner.telemetry.samples import Sample
 

@@ -14,10 +14,10 @@ from token_hub import token_hub
 
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles
 from gpupool.spawner.pool import gpu_equivalents
-from gpupool.spawner.service.dashboard import dashboard_router
-from gpupool.spawner.service.telemetry_api import render_metrics
-from gpupool.spawner.service.usage_api import usage_router
-from gpupool.spawner.service.usage_store import UsageStore
+from gpupool.spawner.service.api.pages import dashboard_router
+from gpupool.spawner.service.api.telemetry_routes import render_metrics
+from gpupool.spawner.service.api.usage_routes import usage_router
+from gpupool.spawner.service.store.usage_store import UsageStore
 
 
 def test_a_devices_weight_is_the_part_of_a_gpu_it_takes(tmp_path: Path) -> None:

@@ -20,15 +20,15 @@ from gpupool.spawner.pool.devices import Health
 from gpupool.spawner.pool.jobs import JobState
 from gpupool.spawner.pool.profiles import Profile
 from gpupool.spawner.pool.requests import Request, WholeGpus
-from gpupool.spawner.service.health import DrainStore, HealthKeeper, unhealthy_reason
-from gpupool.spawner.service.job_store import JobStore
-from gpupool.spawner.service.jobs import JobManager, Submission
-from gpupool.spawner.service.leases import LeaseManager
-from gpupool.spawner.service.store import LeaseState, LeaseStore, sqlite_url
-from gpupool.spawner.service.telemetry_loop import Telemetry, make_sampler
+from gpupool.spawner.service.jobs.job_manager import JobManager, Submission
+from gpupool.spawner.service.leasing.health import DrainStore, HealthKeeper, unhealthy_reason
+from gpupool.spawner.service.leasing.lease_manager import LeaseManager
+from gpupool.spawner.service.store.job_store import JobStore
+from gpupool.spawner.service.store.lease_store import LeaseState, LeaseStore, sqlite_url
+from gpupool.spawner.service.telemetry.telemetry_loop import Telemetry, make_sampler
 from gpupool.spawner.telemetry.samples import Sample, Snapshot
 from gpupool.widgets.admin_cli import parse_device
-from gpupool.widgets.client import GpupoolError
+from gpupool.spawner.client import GpupoolError
 
 H100 = frozenset({"H100-80GB"})
 ONE = Profile("h100", "One H100", 1000, 1024, WholeGpus(1, H100), max_lifetime=600)

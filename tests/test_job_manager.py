@@ -19,10 +19,15 @@ from gpupool.spawner.pool.jobs import JobState
 from gpupool.spawner.pool.profiles import Profile
 from gpupool.spawner.pool.quotas import Quota, QuotaExceeded, QuotaPolicy
 from gpupool.spawner.pool.requests import Request, WholeGpus
-from gpupool.spawner.service.job_store import JobStore
-from gpupool.spawner.service.jobs import JobManager, Submission, SubmissionConflict, TooManyQueuedJobs
-from gpupool.spawner.service.leases import LeaseManager
-from gpupool.spawner.service.store import LeaseState, LeaseStore, sqlite_url
+from gpupool.spawner.service.jobs.job_manager import (
+    JobManager,
+    Submission,
+    SubmissionConflict,
+    TooManyQueuedJobs,
+)
+from gpupool.spawner.service.leasing.lease_manager import LeaseManager
+from gpupool.spawner.service.store.job_store import JobStore
+from gpupool.spawner.service.store.lease_store import LeaseState, LeaseStore, sqlite_url
 
 H100 = frozenset({"H100-80GB"})
 ONE = Profile("h100", "One H100", 1000, 1024, WholeGpus(1, H100), max_lifetime=600)

@@ -13,8 +13,8 @@ import pytest
 from job_user import clean_home, job_user, user_dir
 
 from gpupool.spawner.pool.profiles import Profile
-from gpupool.spawner.service import runner
-from gpupool.spawner.service.job_input import InvalidJob, check_submission
+from gpupool.spawner.service.jobs import processes
+from gpupool.spawner.service.jobs.submission import InvalidJob, check_submission
 
 RUN = uuid.uuid4().hex[:8]  # job ids unique to this test run: a job directory is never a leftover
 PROFILE = Profile("cpu", "CPU", 1000, 1024, max_lifetime=3600)
@@ -30,98 +30,104 @@ def until(check: Callable[[], bool], what: str, timeout: float = 10) -> None:
 
 
 @pytest.fixture(scope="module")
-def identity() -> Iterator[runner.Identity]:
-    yield runner.identity_for(job_user())
+def identity() -> Iterator[processes.Identity]:
+    yield processes.identity_for(job_user())
     clean_home(job_user())
 
 
 def run(
-    identity: runner.Identity, command: list[str], job_id: str, visible: str = ""
-) -> tuple[runner.Started, str]:
+    identity: processes.Identity, command: list[str], job_id: str, visible: str = ""
+) -> tuple[processes.Started, str]:
     job_id = f"{job_id}-{RUN}"
-    directory = runner.job_dir(identity, job_id)
-    env = runner.job_env(identity, job_id, directory, visible, {"GREETING": "hi"}, attempt=1)
+    directory = processes.job_dir(identity, job_id)
+    env = processes.job_env(identity, job_id, directory, visible, {"GREETING": "hi"}, attempt=1)
     work = str(user_dir(identity.user))
-    return runner.launch(identity, tuple(command), work, directory, 1, env), directory
+    return processes.launch(identity, tuple(command), work, directory, 1, env), directory
 
 
 def test_a_job_runs_as_its_user_never_root_with_its_devices_and_checkpoint_dir_in_its_log(
-    identity: runner.Identity,
+    identity: processes.Identity,
 ) -> None:
     script = 'id -u; echo "$CUDA_VISIBLE_DEVICES|$NVIDIA_VISIBLE_DEVICES|$GPUPOOL_JOB_ID|$GREETING"; pwd; echo "$GPUPOOL_CHECKPOINT_DIR"'
     started, directory = run(identity, ["sh", "-c", script], "runner-env", "GPU-a,MIG-b")
     started.process.wait(10)
-    until(lambda: not runner.group_alive(started.pid, started.start, f"runner-env-{RUN}"), "the group to end")
-    uid, devices, cwd, checkpoints = runner.read_log(directory, identity.uid).decode().split("\n")[:4]
+    until(
+        lambda: not processes.group_alive(started.pid, started.start, f"runner-env-{RUN}"), "the group to end"
+    )
+    uid, devices, cwd, checkpoints = processes.read_log(directory, identity.uid).decode().split("\n")[:4]
     assert uid == str(os.geteuid() if identity.uid is None else identity.uid) and uid != "0"
     assert devices == f"GPU-a,MIG-b|GPU-a,MIG-b|runner-env-{RUN}|hi"
     assert cwd.startswith(identity.home) and checkpoints == f"{directory}/checkpoints"
     assert Path(checkpoints).is_dir()
-    assert runner.exit_status(directory, 1, identity.uid) == 0
+    assert processes.exit_status(directory, 1, identity.uid) == 0
 
 
-def test_a_cpu_only_job_sees_no_gpu_and_its_exit_status_is_recorded(identity: runner.Identity) -> None:
+def test_a_cpu_only_job_sees_no_gpu_and_its_exit_status_is_recorded(identity: processes.Identity) -> None:
     started, directory = run(
         identity, ["sh", "-c", 'echo "[$CUDA_VISIBLE_DEVICES] $NVIDIA_VISIBLE_DEVICES"; exit 3'], "runner-cpu"
     )
     started.process.wait(10)
-    assert runner.read_log(directory, identity.uid) == b"[] void\n"
-    assert runner.exit_status(directory, 1, identity.uid) == 3
+    assert processes.read_log(directory, identity.uid) == b"[] void\n"
+    assert processes.exit_status(directory, 1, identity.uid) == 3
 
 
-def test_sigterm_to_the_group_stops_the_command_and_its_children(identity: runner.Identity) -> None:
+def test_sigterm_to_the_group_stops_the_command_and_its_children(identity: processes.Identity) -> None:
     started, directory = run(identity, ["sh", "-c", "sleep 30 & sleep 30; wait"], "runner-term")
-    until(lambda: runner.group_alive(started.pid, started.start, f"runner-term-{RUN}"), "the group to start")
-    assert runner.signal_group(started.pid, started.start, f"runner-term-{RUN}", signal.SIGTERM)
     until(
-        lambda: not runner.group_alive(started.pid, started.start, f"runner-term-{RUN}"),
+        lambda: processes.group_alive(started.pid, started.start, f"runner-term-{RUN}"), "the group to start"
+    )
+    assert processes.signal_group(started.pid, started.start, f"runner-term-{RUN}", signal.SIGTERM)
+    until(
+        lambda: not processes.group_alive(started.pid, started.start, f"runner-term-{RUN}"),
         "the whole group to end",
     )
     started.process.wait(5)
-    assert runner.exit_status(directory, 1, identity.uid) is None  # killed before it could record one
+    assert processes.exit_status(directory, 1, identity.uid) is None  # killed before it could record one
 
 
-def test_a_process_with_the_same_pid_but_another_start_time_is_not_the_job(identity: runner.Identity) -> None:
+def test_a_process_with_the_same_pid_but_another_start_time_is_not_the_job(
+    identity: processes.Identity,
+) -> None:
     started, _ = run(identity, ["sleep", "30"], "runner-identity")
     try:
-        until(lambda: runner.start_time(started.pid) is not None, "the job to start")
-        assert runner.group_alive(started.pid, started.start, f"runner-identity-{RUN}")
-        assert not runner.group_alive(started.pid, started.start + 1, "another-job")
-        assert not runner.signal_group(started.pid, started.start + 1, "another-job", signal.SIGKILL)
-        assert runner.find_leader(f"runner-identity-{RUN}", 1) == (started.pid, started.start)
+        until(lambda: processes.start_time(started.pid) is not None, "the job to start")
+        assert processes.group_alive(started.pid, started.start, f"runner-identity-{RUN}")
+        assert not processes.group_alive(started.pid, started.start + 1, "another-job")
+        assert not processes.signal_group(started.pid, started.start + 1, "another-job", signal.SIGKILL)
+        assert processes.find_leader(f"runner-identity-{RUN}", 1) == (started.pid, started.start)
     finally:
         os.killpg(started.pid, signal.SIGKILL)
         started.process.wait(5)
 
 
-def test_a_log_replaced_by_a_symlink_is_never_read(identity: runner.Identity, tmp_path: Path) -> None:
+def test_a_log_replaced_by_a_symlink_is_never_read(identity: processes.Identity, tmp_path: Path) -> None:
     started, directory = run(identity, ["true"], "runner-symlink")
     started.process.wait(10)
     secret = tmp_path / "secret"
     secret.write_text("root's secret")
-    log = Path(directory, runner.LOG_NAME)
+    log = Path(directory, processes.LOG_NAME)
     log.unlink()
     log.symlink_to(secret)
-    assert runner.read_log(directory, identity.uid) == b""
+    assert processes.read_log(directory, identity.uid) == b""
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="as root only: the service then runs jobs as system accounts")
 def test_as_root_a_user_without_a_system_account_or_a_root_account_is_refused() -> None:
-    with pytest.raises(runner.NoSystemAccount, match="no system account"):
-        runner.identity_for("no-such-user-gpupool")
-    with pytest.raises(runner.NoSystemAccount, match="never run as root"):
-        runner.identity_for("root")
+    with pytest.raises(processes.NoSystemAccount, match="no system account"):
+        processes.identity_for("no-such-user-gpupool")
+    with pytest.raises(processes.NoSystemAccount, match="never run as root"):
+        processes.identity_for("root")
 
 
 def test_without_root_jobs_run_as_the_service_user_in_homes_under_the_home_root() -> None:
-    simple = runner.identity_for("alice", home_root="/srv/homes", euid=1000)
-    assert simple == runner.Identity("alice", "/srv/homes/alice")
+    simple = processes.identity_for("alice", home_root="/srv/homes", euid=1000)
+    assert simple == processes.Identity("alice", "/srv/homes/alice")
 
 
 # ---- submission checks ----------------------------------------------------------------------------------
 
 
-def check(identity: runner.Identity, **changes: object) -> object:
+def check(identity: processes.Identity, **changes: object) -> object:
     ask: dict[str, object] = {
         "identity": identity,
         "profile": PROFILE,
@@ -150,14 +156,16 @@ def check(identity: runner.Identity, **changes: object) -> object:
     ],
 )
 def test_a_bad_submission_names_the_field(
-    identity: runner.Identity, changes: dict[str, object], field: str, words: str
+    identity: processes.Identity, changes: dict[str, object], field: str, words: str
 ) -> None:
     with pytest.raises(InvalidJob, match=words) as refused:
         check(identity, **changes)
     assert refused.value.field == field and str(refused.value).startswith(f"{field}:")
 
 
-def test_a_working_dir_that_escapes_the_home_by_dots_or_symlink_is_refused(identity: runner.Identity) -> None:
+def test_a_working_dir_that_escapes_the_home_by_dots_or_symlink_is_refused(
+    identity: processes.Identity,
+) -> None:
     inside = user_dir(identity.user)
     (inside / "out").symlink_to("/etc")
     for escape in (f"{inside}/../../..", f"{inside}/out"):

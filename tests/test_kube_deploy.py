@@ -19,7 +19,7 @@ from traitlets.config import Config
 from gpupool.spawner.hub import up
 from gpupool.spawner.kube import deploy
 from gpupool.spawner.kube.manifests import ManifestError, gpu_tolerations
-from gpupool.spawner.service.app import DEFAULT_PREFIX
+from gpupool.spawner.service.api.app import DEFAULT_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = ("1.30", major_minor(latest_version()))

@@ -19,11 +19,11 @@ from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles
 from gpupool.spawner.kube.inventory import KubeInventory, connect
 from gpupool.spawner.pool.devices import Health
 from gpupool.spawner.pool.requests import Request, WholeGpus
-from gpupool.spawner.service.job_store import JobStore
-from gpupool.spawner.service.jobs import JobManager
+from gpupool.spawner.service.jobs.job_manager import JobManager
 from gpupool.spawner.service.kube_pool import load_kube_pool
-from gpupool.spawner.service.leases import LeaseManager
-from gpupool.spawner.service.store import LeaseState, LeaseStore, sqlite_url
+from gpupool.spawner.service.leasing.lease_manager import LeaseManager
+from gpupool.spawner.service.store.job_store import JobStore
+from gpupool.spawner.service.store.lease_store import LeaseState, LeaseStore, sqlite_url
 
 ONE_A100 = Request(1000, 1024, WholeGpus(1, frozenset({"A100-40GB"})))
 ONE_L4 = Request(1000, 1024, WholeGpus(1, frozenset({"L4-24GB"})))

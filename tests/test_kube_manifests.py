@@ -25,7 +25,7 @@ from gpupool.spawner.kube.manifests import (
     dns_label,
     label_value,
 )
-from gpupool.spawner.service import runner
+from gpupool.spawner.service.jobs import processes
 
 VERSIONS = ("1.30", major_minor(latest_version()))
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -293,7 +293,7 @@ def test_the_deadline_is_the_maximum_runtime_rounded_up() -> None:
 
 
 def test_checkpoints_live_where_the_local_runner_keeps_them_on_the_users_home_volume() -> None:
-    assert (jobs.JOBS_SUBDIR, jobs.CHECKPOINTS) == (runner.JOBS_SUBDIR, runner.CHECKPOINTS)
+    assert (jobs.JOBS_SUBDIR, jobs.CHECKPOINTS) == (processes.JOBS_SUBDIR, processes.CHECKPOINTS)
     spec = job()["spec"]["template"]["spec"]
     env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
     assert env["GPUPOOL_CHECKPOINT_DIR"] == "/home/jovyan/.gpupool/jobs/J7q2mXw9/checkpoints"

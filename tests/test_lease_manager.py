@@ -13,8 +13,8 @@ from gpupool.spawner.pool.devices import GpuMode, Node
 from gpupool.spawner.pool.quotas import Quota, QuotaExceeded, QuotaPolicy
 from gpupool.spawner.pool.requests import GpuShare, MigSlice, Request, WholeGpus
 from gpupool.spawner.pool.state import AlreadyHolding, CannotRestore, PoolState
-from gpupool.spawner.service.leases import LeaseManager, NeverFits
-from gpupool.spawner.service.store import Lease, LeaseNotFound, LeaseState, LeaseStore, sqlite_url
+from gpupool.spawner.service.leasing.lease_manager import LeaseManager, NeverFits
+from gpupool.spawner.service.store.lease_store import Lease, LeaseNotFound, LeaseState, LeaseStore, sqlite_url
 
 H100 = frozenset({"H100-80GB"})
 WHOLE = Request(4000, 16384, WholeGpus(1, H100))

@@ -9,7 +9,7 @@ import pytest
 
 from gpupool.spawner.pool.requests import GpuShare, MigSlice, Request, WholeGpus
 from gpupool.spawner.pool.state import Grant
-from gpupool.spawner.service.store import (
+from gpupool.spawner.service.store.lease_store import (
     LeaseNotFound,
     LeaseState,
     LeaseStore,

@@ -28,12 +28,12 @@ from gpupool.spawner.backends.simulated import DEMO_POOL, load_pool_file
 from gpupool.spawner.backends.simulated_telemetry import SimulatedSampler
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles
 from gpupool.spawner.pool.devices import GpuMode
-from gpupool.spawner.service.app import create_app
-from gpupool.spawner.service.auth import ADMIN_SCOPE, LEASES_SCOPE, Authenticator
-from gpupool.spawner.service.leases import LeaseManager
-from gpupool.spawner.service.store import Lease, LeaseState, LeaseStore, sqlite_url
-from gpupool.spawner.service.telemetry_api import render_metrics, telemetry_router
-from gpupool.spawner.service.telemetry_loop import Telemetry, make_sampler
+from gpupool.spawner.service.api.app import create_app
+from gpupool.spawner.service.api.auth import ADMIN_SCOPE, LEASES_SCOPE, Authenticator
+from gpupool.spawner.service.api.telemetry_routes import render_metrics, telemetry_router
+from gpupool.spawner.service.leasing.lease_manager import LeaseManager
+from gpupool.spawner.service.store.lease_store import Lease, LeaseState, LeaseStore, sqlite_url
+from gpupool.spawner.service.telemetry.telemetry_loop import Telemetry, make_sampler
 
 PREFIX = "/services/gpupool/"
 ACCESS = "access:services!service=gpupool"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.spawner.service.store import LeaseStore, sqlite_url
-from gpupool.spawner.service.usage_store import UsageStore
+from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
+from gpupool.spawner.service.store.usage_store import UsageStore
 from gpupool.spawner.telemetry import Holder, MinuteAggregator, Sample
 
 ALICE = Holder("alice", "h100", "lease-1")

@@ -1,6 +1,6 @@
 """A gpupool training job as a ``batch/v1`` Job: the user's image and home, the lease's node and resources.
 
-The Job runs as the local runner runs a job (:mod:`gpupool.spawner.service.runner`): as the user, never root,
+The Job runs as the local runner runs a job (:mod:`gpupool.spawner.service.jobs.processes`): as the user, never root,
 with the command as an argument list (never parsed by a shell unless the job asks for one), and with
 ``GPUPOOL_CHECKPOINT_DIR`` at ``~/.gpupool/jobs/<id>/checkpoints`` on the user's home volume, the same folder
 for every attempt. What Kubernetes adds:

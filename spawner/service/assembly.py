@@ -24,26 +24,26 @@ from ..backends.discovery import DiscoveredPool, discover_pool
 from ..files.profiles_file import load_profiles
 from ..files.quotas_file import load_quotas
 from ..pool.policies import policy_by_name
-from .app import create_app
-from .auth import Authenticator
-from .browser_login import BrowserLogin
-from .dashboard import dashboard_router
-from .health_api import health_router
-from .idle_api import Warnings, idle_router
-from .job_store import JobStore
-from .jobs import JobManager
-from .leases import LeaseManager
-from .reconcile import HubClient, reconcile_forever
+from .api.app import create_app
+from .api.auth import Authenticator
+from .api.browser_login import BrowserLogin
+from .api.health_routes import health_router
+from .api.idle_routes import Warnings, idle_router
+from .api.pages import dashboard_router
+from .api.telemetry_routes import telemetry_router
+from .api.usage_routes import usage_router
+from .jobs.job_manager import JobManager
+from .leasing.lease_manager import LeaseManager
+from .leasing.reconcile import HubClient, reconcile_forever
 from .settings import ServiceSettings
-from .store import LeaseStore, sqlite_url
-from .telemetry_api import telemetry_router
-from .telemetry_loop import Telemetry, make_sampler
-from .usage_api import usage_router
-from .usage_store import UsageStore
+from .store.job_store import JobStore
+from .store.lease_store import LeaseStore, sqlite_url
+from .store.usage_store import UsageStore
+from .telemetry.telemetry_loop import Telemetry, make_sampler
 
 if TYPE_CHECKING:
+    from .jobs.kube_runner import KubeJobRunner
     from .kube_pool import ClusterFollower, KubeBackend
-    from .kube_runner import KubeJobRunner
 
 log = logging.getLogger("gpupool.service")
 

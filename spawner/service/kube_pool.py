@@ -14,7 +14,7 @@ with it by the inventory's watches (:mod:`..kube.inventory`).
   So placement, availability, the queue and ``GET pool`` all see the same free capacity without a second
   bookkeeping path.
 
-- **Jobs** run as ``batch/v1`` Jobs (:mod:`.kube_runner`): the job manager's runner is a
+- **Jobs** run as ``batch/v1`` Jobs (:mod:`.jobs.kube_runner`): the job manager's runner is a
   :class:`.kube_runner.KubeJobRunner`, started on the app's event loop with the inventory, so its watches of
   gpupool's Jobs and pods are listed before the manager's first step judges a run.
 
@@ -39,10 +39,10 @@ from ..kube.manifests import ManifestError
 from ..kube.resources import outside_use
 from ..pool.devices import Node
 from ..telemetry.samples import Snapshot
-from .health import NodeConditions
-from .jobs import JobManager
-from .kube_runner import KubeJobRunner
-from .leases import LeaseManager
+from .jobs.job_manager import JobManager
+from .jobs.kube_runner import KubeJobRunner
+from .leasing.health import NodeConditions
+from .leasing.lease_manager import LeaseManager
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, status
 from pydantic import BaseModel, Field
 
+from ..store.usage_store import UsageStore
 from .auth import Authenticator, Caller
-from .usage_store import UsageStore
 
 _DAY = 86400.0
 

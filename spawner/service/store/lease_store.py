@@ -2,7 +2,7 @@
 
 SQLite by default (WAL, foreign keys on), any SQLAlchemy URL otherwise (``postgresql+psycopg://…``). The
 schema is created at start-up with ``create_all``; migrations (Alembic) come when the schema first changes.
-The store only records: :class:`~.leases.LeaseManager` decides, and is the only writer.
+The store only records: :class:`~..leasing.lease_manager.LeaseManager` decides, and is the only writer.
 
 Times are UTC seconds since the epoch (floats) from the manager's clock. A request is stored as JSON in the
 field names of the profiles file (``gpus``, ``mig``, ``share``); devices as a JSON list of grants.
@@ -36,8 +36,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from sqlalchemy.pool import StaticPool
 
-from ..pool.requests import GpuNeed, GpuShare, MigSlice, Request, WholeGpus
-from ..pool.state import Grant, visible_devices
+from ...pool.requests import GpuNeed, GpuShare, MigSlice, Request, WholeGpus
+from ...pool.state import Grant, visible_devices
 
 OwnerKind = Literal["server", "job"]
 OWNER_KINDS: tuple[OwnerKind, ...] = ("server", "job")

@@ -26,15 +26,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..pool.devices import GpuMode
-from ..pool.state import PoolState
-from ..telemetry.samples import Sample
+from ...pool.devices import GpuMode
+from ...pool.state import PoolState
+from ...telemetry.samples import Sample
+from ..leasing.lease_manager import LeaseManager
+from ..store.lease_store import LeaseState
+from ..store.usage_store import UsageStore
+from ..telemetry.telemetry_loop import Telemetry
 from .auth import Authenticator, Caller
-from .idle_api import CULL_LIMITS
-from .leases import LeaseManager
-from .store import LeaseState
-from .telemetry_loop import Telemetry
-from .usage_store import UsageStore
+from .idle_routes import CULL_LIMITS
 
 SERVICE_PREFIX = "/services/gpupool/"
 _MIB = 2**20

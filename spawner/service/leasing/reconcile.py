@@ -37,8 +37,8 @@ from urllib.parse import quote
 
 import httpx
 
-from .leases import LeaseManager
-from .store import Lease
+from ..store.lease_store import Lease
+from .lease_manager import LeaseManager
 
 log = logging.getLogger(__name__)
 

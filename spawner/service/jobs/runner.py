@@ -1,10 +1,10 @@
 """How the job manager runs one attempt of a job: the runner interface, and the local runner behind it.
 
-The job manager (:mod:`.jobs`) owns the job's life: its lease, its states, when to stop it and why. A runner
+The job manager (:mod:`.job_manager`) owns the job's life: its lease, its states, when to stop it and why. A runner
 owns only the run: start it on the lease's devices, say whether it is still there, stop it (gracefully, then
 forced), say how it ended, and read its log. Two runners exist:
 
-- :class:`LocalRunner`, processes on this host as the user's system account (:mod:`.runner`);
+- :class:`LocalRunner`, processes on this host as the user's system account (:mod:`.processes`);
 - :class:`~.kube_runner.KubeJobRunner`, a ``batch/v1`` Job per attempt on the lease's node.
 
 Every method is synchronous and quick, because the manager calls them from its supervision step under its
@@ -20,9 +20,9 @@ import subprocess
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from ..pool.jobs import Job
-from . import runner
-from .store import Lease
+from ...pool.jobs import Job
+from ..store.lease_store import Lease
+from . import processes
 
 
 class LaunchError(RuntimeError):
@@ -65,11 +65,11 @@ class JobRunner(Protocol):
     """True when a job's command and working directory are paths on this host, checked at submission; False
     when they are paths in a container the service cannot look into."""
 
-    def identity(self, user: str) -> runner.Identity:
-        """Who ``user``'s jobs run as; :class:`~.runner.NoSystemAccount` when they cannot run at all."""
+    def identity(self, user: str) -> processes.Identity:
+        """Who ``user``'s jobs run as; :class:`~.processes.NoSystemAccount` when they cannot run at all."""
         ...
 
-    def launch(self, job: Job, lease: Lease, identity: runner.Identity) -> Launched:
+    def launch(self, job: Job, lease: Lease, identity: processes.Identity) -> Launched:
         """Start attempt ``job.attempts`` on ``lease``. OSError or :class:`LaunchError` when it cannot start."""
         ...
 
@@ -100,7 +100,7 @@ class JobRunner(Protocol):
 
 
 class LocalRunner:
-    """Jobs as process groups on this host, by :mod:`.runner`: as their user's account when the service is
+    """Jobs as process groups on this host, by :mod:`.processes`: as their user's account when the service is
     root, else as the service's user with homes under ``home_root``."""
 
     kind = "local"
@@ -111,32 +111,34 @@ class LocalRunner:
         self.home_root = home_root
         self._processes: dict[str, subprocess.Popen[bytes]] = {}  # runs this process started, to reap
 
-    def identity(self, user: str) -> runner.Identity:
-        return runner.identity_for(user, home_root=self.home_root)
+    def identity(self, user: str) -> processes.Identity:
+        return processes.identity_for(user, home_root=self.home_root)
 
-    def launch(self, job: Job, lease: Lease, identity: runner.Identity) -> Launched:
-        env = runner.job_env(
+    def launch(self, job: Job, lease: Lease, identity: processes.Identity) -> Launched:
+        env = processes.job_env(
             identity, job.id, job.job_dir, lease.visible_devices, job.env, attempt=job.attempts
         )
-        started = runner.launch(identity, job.command, job.working_dir, job.job_dir, job.attempts, env)
+        started = processes.launch(identity, job.command, job.working_dir, job.job_dir, job.attempts, env)
         self._processes[job.id] = started.process
         return Launched(started.pid, started.start)
 
     def find(self, job: Job) -> Job | None:
         if job.pid is None:
-            found = runner.find_leader(job.id, job.attempts)
+            found = processes.find_leader(job.id, job.attempts)
             if found is None:
                 return None
             job = replace(job, pid=found[0], pid_start=found[1])
         assert job.pid is not None
-        return job if runner.group_alive(job.pid, job.pid_start, job.id) else None
+        return job if processes.group_alive(job.pid, job.pid_start, job.id) else None
 
     def stop_run(self, job: Job, *, force: bool) -> None:
         if job.pid is not None:
-            runner.signal_group(job.pid, job.pid_start, job.id, signal.SIGKILL if force else signal.SIGTERM)
+            processes.signal_group(
+                job.pid, job.pid_start, job.id, signal.SIGKILL if force else signal.SIGTERM
+            )
 
     def outcome(self, job: Job) -> Outcome:
-        return Outcome(runner.exit_status(job.job_dir, job.attempts, self._uid(job.user)))
+        return Outcome(processes.exit_status(job.job_dir, job.attempts, self._uid(job.user)))
 
     def finish(self, job: Job) -> None:
         process = self._processes.pop(job.id, None)
@@ -147,13 +149,13 @@ class LocalRunner:
         uid = self._uid(job.user)
         if uid is None and os.geteuid() == 0:
             return b""  # no account to check the file's owner against: read nothing as root
-        return runner.read_log(job.job_dir, uid, offset, limit)
+        return processes.read_log(job.job_dir, uid, offset, limit)
 
     def reap(self) -> None:
         for process in list(self._processes.values()):
             process.poll()  # reap our own children, so a finished leader is not left a zombie
 
     def _uid(self, user: str) -> int | None:
-        with contextlib.suppress(runner.NoSystemAccount):
+        with contextlib.suppress(processes.NoSystemAccount):
             return self.identity(user).uid
         return None

@@ -19,11 +19,11 @@ from fastapi import APIRouter, Depends, HTTPException, status
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..jobs.job_manager import JobManager
+from ..leasing.health import DrainStore, HealthKeeper
+from ..telemetry.telemetry_loop import Telemetry
 from .auth import Caller
-from .health import DrainStore, HealthKeeper
-from .jobs import JobManager
 from .models import Problem
-from .telemetry_loop import Telemetry
 
 
 class DeviceRequest(BaseModel):

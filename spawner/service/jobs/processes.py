@@ -4,7 +4,7 @@ a restart, signal it, and read what it left (exit status, log).
 Identity. "Runs as the user, never as root": when the service runs as root, a job runs as its user's system
 account (``pwd``), with that account's groups, and a user without one (or whose account is root) is refused
 with :class:`NoSystemAccount`. When the service is not root, jobs run as the service's own user, the simple
-single-machine mode that :class:`~..hub.spawner.SimpleLocalGPUSpawner` is for servers; homes are then
+single-machine mode that :class:`~...hub.spawner.SimpleLocalGPUSpawner` is for servers; homes are then
 ``home_root/<user>``.
 
 Files. Each job has a directory in its user's home, ``~/.gpupool/jobs/<id>/``, made by the job's own process
@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..device_env import device_env
+from ...device_env import device_env
 
 JOBS_SUBDIR = ".gpupool/jobs"
 LOG_NAME = "output.log"

@@ -8,7 +8,7 @@ drained device when the service stopped is stopped and requeued then.
 
 **Faults**: :func:`unhealthy_reason` judges one telemetry sample: a critical XID (:data:`CRITICAL_XIDS`) or
 a GPU that fell off the bus (NVML answers "GPU is lost") makes its physical GPU unhealthy. The
-:class:`HealthKeeper` watches every snapshot (a :class:`~.telemetry_loop.Telemetry` observer), marks the GPU
+:class:`HealthKeeper` watches every snapshot (a :class:`~..telemetry.telemetry_loop.Telemetry` observer), marks the GPU
 once, requeues the jobs on it through the job manager and logs every server lease on it. A fault mark lives in
 memory: after a restart the next samples judge the GPU again (a lost GPU is found again at once; an XID is an
 event, so a GPU that logged one before the restart is trusted until it logs another).
@@ -25,9 +25,9 @@ from typing import cast
 from sqlalchemy import Engine, Float, Integer, String, Table, delete, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from ..pool.devices import Health
-from ..telemetry.samples import Sample, Snapshot
-from .jobs import JobManager
+from ...pool.devices import Health
+from ...telemetry.samples import Sample, Snapshot
+from ..jobs.job_manager import JobManager
 
 log = logging.getLogger(__name__)
 

@@ -16,14 +16,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response, status
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ..pool.devices import Health
-from ..pool.profiles import find_profile
+from ...pool.devices import Health
+from ...pool.profiles import find_profile
+from ..jobs.job_manager import JobManager, Submission, SubmissionConflict, TooManyQueuedJobs
+from ..jobs.processes import NoSystemAccount
+from ..jobs.submission import InvalidJob
+from ..store.job_store import JobNotFound
 from .auth import Caller
-from .job_input import InvalidJob
-from .job_store import JobNotFound
-from .jobs import JobManager, Submission, SubmissionConflict, TooManyQueuedJobs
 from .models import FaultOut, FaultRequest, JobOut, JobRequest, Problem
-from .runner import NoSystemAccount
 
 _STREAM_POLL = 0.2  # seconds between looks at a followed log
 

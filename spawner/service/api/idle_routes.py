@@ -35,12 +35,12 @@ from typing import Annotated, Any, Literal, get_args
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, status
 from pydantic import BaseModel, Field
 
-from ..pool.profiles import Profile
-from ..telemetry.activity import DEFAULT_THRESHOLD_PERCENT, ActivityTracker
+from ...pool.profiles import Profile
+from ...telemetry.activity import DEFAULT_THRESHOLD_PERCENT, ActivityTracker
+from ..leasing.lease_manager import LeaseManager
+from ..store.lease_store import Lease, LeaseNotFound, LeaseState
+from ..telemetry.telemetry_loop import Telemetry
 from .auth import Authenticator, Caller
-from .leases import LeaseManager
-from .store import Lease, LeaseNotFound, LeaseState
-from .telemetry_loop import Telemetry
 
 log = logging.getLogger(__name__)
 

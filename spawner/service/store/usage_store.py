@@ -4,7 +4,7 @@ The sampler keeps ten minutes in memory; what an admin asks a month later ("who 
 them?") needs the minutes kept. Each closed minute of each held device is one row, in the lease store's
 database; a report sums them per user, profile and device into GPU-hours held against GPU-hours used.
 
-Each minute is weighed by its holder's GPU-equivalents (:mod:`..pool.gpu_equivalents`), so a 1g.10gb slice of
+Each minute is weighed by its holder's GPU-equivalents (:mod:`...pool.gpu_equivalents`), so a 1g.10gb slice of
 an H100 held for an hour is 1/7 of a GPU-hour and a quarter share 0.25: the same figures as the dashboard and
 ``/metrics``.
 Minutes nobody held are not stored: idle hardware is the dashboard's business, not a user's bill.
@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Column, Engine, Float, Integer, MetaData, String, Table, func, insert, select
 
-from ..telemetry.aggregates import MinuteAggregate
+from ...telemetry.aggregates import MinuteAggregate
 
 _METADATA = MetaData()
 MINUTES = Table(

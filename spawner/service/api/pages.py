@@ -15,7 +15,7 @@ seconds from the same address.
 ``GET {prefix}my/warnings`` answers the caller's pending cull warnings as JSON for the hub's home page
 (``hub_config/templates/home.html``), through the same login.
 
-Pure HTML building lives in :mod:`.dashboard_page`; :func:`held_idle` is the idle finder, pure too.
+Pure HTML building lives in :mod:`.page_html`; :func:`held_idle` is the idle finder, pure too.
 """
 
 # No ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
@@ -29,12 +29,17 @@ from typing import Annotated, Any, Protocol
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, Response, status
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from ..inventory import describe_pool
-from ..telemetry.aggregates import DEFAULT_USED_THRESHOLD, MinuteAggregate
-from ..telemetry.samples import Sample
+from ...inventory import describe_pool
+from ...telemetry.aggregates import DEFAULT_USED_THRESHOLD, MinuteAggregate
+from ...telemetry.samples import Sample
+from ..leasing.lease_manager import LeaseManager, describe
+from ..store.lease_store import Lease, LeaseState
+from ..store.usage_store import UsageStore
+from ..telemetry.telemetry_loop import Telemetry
 from .auth import TOKEN_COOKIE, Authenticator, Caller
 from .browser_login import BrowserLogin
-from .dashboard_page import (
+from .idle_routes import Warnings
+from .page_html import (
     IdleDevice,
     QueuedLease,
     device_cell,
@@ -47,11 +52,6 @@ from .dashboard_page import (
     summary_line,
     usage_table,
 )
-from .idle_api import Warnings
-from .leases import LeaseManager, describe
-from .store import Lease, LeaseState
-from .telemetry_loop import Telemetry
-from .usage_store import UsageStore
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The dashboard's HTML, built by pure functions from plain data (no I/O, no clock), so it is tested without
-a server or a browser. :mod:`.dashboard` gathers the data and serves the pages."""
+a server or a browser. :mod:`.pages` gathers the data and serves the pages."""
 
 from __future__ import annotations
 

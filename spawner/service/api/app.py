@@ -25,17 +25,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..inventory import describe_pool
-from ..kube.resources import kube_grant
-from ..pool.profiles import Profile, UnknownProfile, find_profile, fits_pool
-from ..pool.quotas import QuotaExceeded
+from ...inventory import describe_pool
+from ...kube.resources import kube_grant
+from ...pool.profiles import Profile, UnknownProfile, find_profile, fits_pool
+from ...pool.quotas import QuotaExceeded
+from ..jobs.job_manager import JobManager
+from ..leasing.lease_manager import LeaseManager, NeverFits
+from ..settings import DEFAULT_PREFIX
+from ..store.lease_store import Lease, LeaseNotFound, LeaseState
 from .auth import Authenticator, Caller
-from .jobs import JobManager
-from .jobs_api import add_job_error_handlers, jobs_router
-from .leases import LeaseManager, NeverFits
+from .job_routes import add_job_error_handlers, jobs_router
 from .models import KubePlacement, LeaseOut, LeaseRequest, Problem, ProfileOut
-from .settings import DEFAULT_PREFIX
-from .store import Lease, LeaseNotFound, LeaseState
 
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": Problem} for code in (400, 401, 403, 404, 409)}
 
@@ -51,7 +51,7 @@ def create_app(
     jobs: JobManager | None = None,
 ) -> FastAPI:
     """The API for ``manager``'s pool; ``backend`` ("simulated" or "nvml") is shown in ``GET pool``. With
-    ``jobs``, the jobs API too (:mod:`.jobs_api`). The loops run in :mod:`.assembly`'s lifespan."""
+    ``jobs``, the jobs API too (:mod:`.job_routes`). The loops run in :mod:`..assembly`'s lifespan."""
     base = "/" + prefix.strip("/") + "/api/v1"
     nodes = manager.pool.nodes
     kube = backend == "kubernetes"

@@ -26,17 +26,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TypeVar
 
-from ..pool import gpu_equivalents
-from ..pool.devices import Health, Node
-from ..pool.explain import explain_refusal
-from ..pool.fair_share import DEFAULT_WINDOW, UsageSpan, recent_usage
-from ..pool.node_state import Option
-from ..pool.policies import PlacementPolicy
-from ..pool.queue import AdmissionQueue, QueuedRequest, competes
-from ..pool.quotas import QuotaPolicy
-from ..pool.requests import MigSlice, Request, WholeGpus
-from ..pool.state import Allocation, CannotRestore, OutsideUse, PoolState
-from .store import Lease, LeaseNotFound, LeaseState, LeaseStore, NewLease, OwnerKind
+from ...pool import gpu_equivalents
+from ...pool.devices import Health, Node
+from ...pool.explain import explain_refusal
+from ...pool.fair_share import DEFAULT_WINDOW, UsageSpan, recent_usage
+from ...pool.node_state import Option
+from ...pool.policies import PlacementPolicy
+from ...pool.queue import AdmissionQueue, QueuedRequest, competes
+from ...pool.quotas import QuotaPolicy
+from ...pool.requests import MigSlice, Request, WholeGpus
+from ...pool.state import Allocation, CannotRestore, OutsideUse, PoolState
+from ..store.lease_store import Lease, LeaseNotFound, LeaseState, LeaseStore, NewLease, OwnerKind
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -103,7 +103,7 @@ class LeaseManager:
 
         ``arrival`` (default now) is the time the queue orders by: a job the pool put back in the queue keeps
         the place its first submission earned. ``lease_id`` picks the new lease's id (default: a random one).
-        Raises :class:`~..pool.quotas.QuotaExceeded` or :class:`NeverFits`, and then stores nothing.
+        Raises :class:`~...pool.quotas.QuotaExceeded` or :class:`NeverFits`, and then stores nothing.
         """
         with self._lock:
             if self.quotas is not None:
@@ -153,7 +153,7 @@ class LeaseManager:
             return released
 
     def admit(self) -> list[Lease]:
-        """Grant queued leases that fit now, in queue order (see :mod:`..pool.queue`); return them."""
+        """Grant queued leases that fit now, in queue order (see :mod:`...pool.queue`); return them."""
         granted: list[Lease] = []
 
         def try_place(entry: QueuedRequest) -> bool:

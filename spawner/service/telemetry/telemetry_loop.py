@@ -17,14 +17,14 @@ from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Protocol
 
-from ..backends.simulated_telemetry import PidsOf, SimulatedSampler
-from ..pool import gpu_equivalents
-from ..pool.devices import Node
-from ..telemetry.aggregates import Holder, MinuteAggregate, MinuteAggregator
-from ..telemetry.history import DEFAULT_INTERVAL_SECONDS, DEFAULT_WINDOW_SECONDS, SampleHistory
-from ..telemetry.samples import Snapshot
-from .leases import LeaseManager
-from .store import LeaseState
+from ...backends.simulated_telemetry import PidsOf, SimulatedSampler
+from ...pool import gpu_equivalents
+from ...pool.devices import Node
+from ...telemetry.aggregates import Holder, MinuteAggregate, MinuteAggregator
+from ...telemetry.history import DEFAULT_INTERVAL_SECONDS, DEFAULT_WINDOW_SECONDS, SampleHistory
+from ...telemetry.samples import Snapshot
+from ..leasing.lease_manager import LeaseManager
+from ..store.lease_store import LeaseState
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,8 @@ MINUTES_KEPT = 100_000  # closed per-minute aggregates kept in memory until a st
 
 
 class Sampler(Protocol):
-    """What every backend's sampler offers (:class:`~..backends.nvml_telemetry.NvmlSampler`,
-    :class:`~..backends.simulated_telemetry.SimulatedSampler`)."""
+    """What every backend's sampler offers (:class:`~...backends.nvml_telemetry.NvmlSampler`,
+    :class:`~...backends.simulated_telemetry.SimulatedSampler`)."""
 
     simulated: bool
     backend: str
@@ -51,11 +51,11 @@ def make_sampler(
     """The sampler for the pool's backend: NVML on this host for "nvml", none yet for "kubernetes" (empty
     snapshots), simulated otherwise."""
     if backend == "kubernetes":
-        from .kube_pool import KubeSampler  # only a cluster needs kubernetes_asyncio
+        from ..kube_pool import KubeSampler  # only a cluster needs kubernetes_asyncio
 
         return KubeSampler()
     if backend == "nvml":
-        from ..backends.nvml_telemetry import NvmlSampler  # only a GPU host needs pynvml loaded
+        from ...backends.nvml_telemetry import NvmlSampler  # only a GPU host needs pynvml loaded
 
         names = [n.name for n in nodes]
         return NvmlSampler(names[0] if names else None, nvml=nvml)

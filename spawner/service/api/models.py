@@ -11,10 +11,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..pool.jobs import Job
-from ..pool.profiles import Profile, parse_duration
-from ..pool.state import Grant
-from .store import Lease, request_to_json
+from ...pool.jobs import Job
+from ...pool.profiles import Profile, parse_duration
+from ...pool.state import Grant
+from ..store.lease_store import Lease, request_to_json
 
 
 class LeaseRequest(BaseModel):

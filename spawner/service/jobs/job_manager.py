@@ -10,7 +10,7 @@ group that ended meanwhile (from the exit status the run wrote), and releases jo
 got recorded. Lease ids of a job are ``<job id>-<n>`` for its n-th lease, so a retried requeue reuses the
 lease it already asked for instead of queueing twice.
 
-Where a run happens is the runner's business (:mod:`.job_runner`): processes on this host by default,
+Where a run happens is the runner's business (:mod:`.runner`): processes on this host by default,
 ``batch/v1`` Jobs on Kubernetes; the manager's rules are the same for both.
 
 The supervision loop (:meth:`JobManager.run_forever`) calls :meth:`JobManager.step` every ``interval`` seconds
@@ -28,16 +28,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ..pool.devices import Health
-from ..pool.jobs import DEFAULT_JOB_CLASS, Job, JobState, StopRequest, priority_of
-from ..pool.profiles import Profile, find_profile
-from ..pool.quotas import QuotaExceeded
-from . import runner
-from .job_input import check_submission
-from .job_runner import JobRunner, LaunchError, LocalRunner, Outcome
-from .job_store import JobNotFound, JobStore
-from .leases import LeaseManager, NeverFits
-from .store import Lease, LeaseState, new_lease_id
+from ...pool.devices import Health
+from ...pool.jobs import DEFAULT_JOB_CLASS, Job, JobState, StopRequest, priority_of
+from ...pool.profiles import Profile, find_profile
+from ...pool.quotas import QuotaExceeded
+from ..leasing.lease_manager import LeaseManager, NeverFits
+from ..store.job_store import JobNotFound, JobStore
+from ..store.lease_store import Lease, LeaseState, new_lease_id
+from . import processes
+from .runner import JobRunner, LaunchError, LocalRunner, Outcome
+from .submission import check_submission
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Submission:
 
 class JobManager:
     """Runs jobs on leases from ``leases``, recording each change in ``store`` first. ``job_runner`` is where
-    runs happen (default: a :class:`~.job_runner.LocalRunner` with ``home_root``)."""
+    runs happen (default: a :class:`~.runner.LocalRunner` with ``home_root``)."""
 
     def __init__(
         self,
@@ -94,7 +94,7 @@ class JobManager:
         leases.on_granted(self._granted)
         self._restore()
 
-    def identity(self, user: str) -> runner.Identity:
+    def identity(self, user: str) -> processes.Identity:
         return self.runner.identity(user)
 
     # ---- asking ---------------------------------------------------------------------------------------
@@ -162,7 +162,7 @@ class JobManager:
                 submission_id=ask.submission_id,
                 groups=groups,
                 lease_id=lease.id,
-                job_dir=runner.job_dir(identity, job_id),
+                job_dir=processes.job_dir(identity, job_id),
             )
             try:
                 self.store.add(job)
@@ -294,7 +294,7 @@ class JobManager:
         attempt = job.attempts + 1
         try:
             identity = self.identity(job.user)
-        except runner.NoSystemAccount as error:
+        except processes.NoSystemAccount as error:
             self._release(job, "job could not start")
             self.store.save(job.to(JobState.FAILED, now, str(error)))
             return

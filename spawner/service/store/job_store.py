@@ -32,7 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
-from ..pool.jobs import FINISHED, Job, JobState, StopRequest, Transition
+from ...pool.jobs import FINISHED, Job, JobState, StopRequest, Transition
 
 
 class JobNotFound(LookupError):

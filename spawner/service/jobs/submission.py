@@ -16,9 +16,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..pool.jobs import PRIORITY_CLASSES, USER_JOB_CLASSES
-from ..pool.profiles import Profile
-from .runner import Identity, find_executable
+from ...pool.jobs import PRIORITY_CLASSES, USER_JOB_CLASSES
+from ...pool.profiles import Profile
+from .processes import Identity, find_executable
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RESERVED = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")

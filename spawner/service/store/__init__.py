@@ -1,0 +1,1 @@
+"""Persistence: leases, jobs and usage minutes in one SQLite or PostgreSQL database."""
