@@ -37,6 +37,8 @@ from urllib.parse import quote
 
 import httpx
 
+from ..names import API_PATH, SERVICE_PREFIX
+
 log = logging.getLogger("IdleCuller.gpupool")  # a child of the culler's own logger, so it shows in its log
 
 WARNING_ENV = "GPUPOOL_CULL_WARNING_SECONDS"
@@ -61,7 +63,7 @@ class CullSettings:
         if not url.startswith(("http://", "https://")):
             raise CullConfigError(
                 "GPUPOOL_SERVICE_URL must be the gpupool service's URL with its prefix, e.g. "
-                f"http://127.0.0.1:10101/services/gpupool/, got {url!r}"
+                f"http://127.0.0.1:10101{SERVICE_PREFIX}, got {url!r}"
             )
         token = env.get("JUPYTERHUB_API_TOKEN") or ""
         if not token:
@@ -96,7 +98,7 @@ def judge(
 ) -> Verdict | None:
     """The earliest limit the server reaches within ``warn_ahead`` seconds, or None to keep it. Pure.
 
-    ``activity`` is the service's answer for the server's lease (see :mod:`gpupool.spawner.service.idle_api`);
+    ``activity`` is the service's answer for the server's lease (see :mod:`gpupool.spawner.service.api.idle_routes`);
     ``inactive`` and ``age`` are seconds from the hub's server model.
     """
     limits = activity.get("limits") or {}
@@ -150,7 +152,7 @@ class _Service:
     """The calls the hook makes to the gpupool service, with the culler's token."""
 
     def __init__(self, settings: CullSettings, client: httpx.AsyncClient) -> None:
-        self.base = settings.service_url + "api/v1"
+        self.base = settings.service_url + API_PATH
         self.client = client
         self.headers = {"Authorization": f"token {settings.token}"}
 

@@ -33,13 +33,13 @@ from urllib.parse import urlsplit, urlunsplit
 from jupyterhub.spawner import Spawner, SpawnException  # type: ignore[import-untyped]
 from traitlets import Float, Unicode, default, validate
 
+from ..client import Availability, GpupoolError, ServiceClient
 from ..device_env import device_env
 from ..files.profiles_file import EXAMPLE_PROFILES, load_profiles
+from ..names import SERVICE_PREFIX
 from ..pool.profiles import Profile, UnknownProfile
 from . import form
-from .service_client import Availability, ServiceClient, ServiceError
 
-SERVICE_PREFIX = "services/gpupool/"
 TOKEN_ENV = "GPUPOOL_API_TOKEN"
 _STATE_KEY = "gpupool_lease_id"
 _SERVICE_DOWN = (0, 502, 503, 504)  # unreachable, or the proxy's answer while the service is down
@@ -90,12 +90,12 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
 
     service_url = Unicode(
         config=True,
-        help="""The gpupool service's base URL (its prefix, with a trailing slash), as the hub reaches it.
+        help=f"""The gpupool service's base URL (its prefix, with a trailing slash), as the hub reaches it.
 
-        Default: the proxy's public URL (a wildcard host becomes 127.0.0.1) plus ``services/gpupool/``, which
+        Default: the proxy's public URL (a wildcard host becomes 127.0.0.1) plus ``{SERVICE_PREFIX}``, which
         suits the embedded hub. Set it to the service's own address to skip the proxy::
 
-            c.LocalGPUSpawner.service_url  # or c.KubeGPUSpawner = "http://127.0.0.1:10101/services/gpupool/"
+            c.LocalGPUSpawner.service_url  # or c.KubeGPUSpawner = "http://127.0.0.1:10101{SERVICE_PREFIX}"
 
         It is also what the single-user server gets in ``GPUPOOL_SERVICE_URL``.
         """,
@@ -150,7 +150,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
     def _default_service_url(self) -> str:
         proxy = (self.user.settings or {}).get("proxy") if self.user is not None else None
         public = getattr(proxy, "public_url", "") or "http://127.0.0.1:8000/"
-        return _loopback(public.rstrip("/") + "/" + SERVICE_PREFIX)
+        return _loopback(public.rstrip("/") + SERVICE_PREFIX)
 
     @validate("service_url")
     def _validate_service_url(self, proposal: dict[str, Any]) -> str:
@@ -191,7 +191,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         ("simulated", "nvml", "kubernetes"); without the service, every profile with nothing known free."""
         try:
             live = await self.service().availability(self.user.name)
-        except (ServiceError, SpawnException) as error:
+        except (GpupoolError, SpawnException) as error:
             self.log.warning("gpupool: no availability for the spawn form: %s", error)
             live = Availability({}, {}, "")
         choices = form.choices_for(
@@ -319,7 +319,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         """
         try:
             leases = await service.active_leases(self.user.name)
-        except ServiceError as error:
+        except GpupoolError as error:
             self.log.warning("gpupool: could not list %s's leases before starting: %s", self._log_name, error)
             return
         mine = [
@@ -340,7 +340,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
             lease = await service.create_lease(
                 self.user.name, self.user_groups, profile.slug, owner_kind="server", owner_name=self.name
             )
-        except ServiceError as error:
+        except GpupoolError as error:
             raise self._refused(error) from error
         self.lease_id = str(lease["id"])
         loop = asyncio.get_running_loop()
@@ -362,7 +362,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
                 await asyncio.sleep(self.lease_poll_interval)
                 try:
                     lease = await service.get_lease(self.lease_id)
-                except ServiceError as error:
+                except GpupoolError as error:
                     # The service restarting (killed, upgraded) is not the end of the wait: it restores the
                     # queue from its store, so keep asking until the deadline. Any other answer ends it.
                     if error.status not in _SERVICE_DOWN:
@@ -386,7 +386,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         return lease
 
     @staticmethod
-    def _refused(error: ServiceError) -> SpawnException:
+    def _refused(error: GpupoolError) -> SpawnException:
         status = error.status if error.status in (400, 403, 409) else 503
         return SpawnException(f"gpupool: {error.detail}", reason=f"gpupool_{error.error}", status_code=status)
 
@@ -397,7 +397,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         for lease_id in sorted(pending - self._released):
             try:
                 await self.service().release_lease(lease_id)
-            except ServiceError as error:
+            except GpupoolError as error:
                 if error.status != 404:
                     self.log.error("gpupool: could not release lease %s: %s", lease_id, error)
                     continue

@@ -26,9 +26,10 @@ from pathlib import Path
 
 from ..backends.discovery import DiscoveredPool, discover_pool
 from ..files.quotas_file import EXAMPLE_QUOTAS
+from ..names import SERVICE_NAME, SERVICE_PREFIX
 
 ENV = "GPUPOOL_UP"
-SERVICE = "gpupool"
+SERVICE = SERVICE_NAME
 SPAWNER_CLIENT = "gpupool-hub"  # the token-only service whose token the spawners use
 CULLER = "jupyterhub-idle-culler"
 DEMO_USER = "demo"
@@ -86,7 +87,7 @@ class UpSettings:
     @property
     def service_url(self) -> str:
         """Where the hub's spawners reach the service directly, prefix included."""
-        return f"http://127.0.0.1:{self.service_port}/services/{SERVICE}/"
+        return f"http://127.0.0.1:{self.service_port}{SERVICE_PREFIX}"
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))

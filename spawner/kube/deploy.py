@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..names import API_PATH, SERVICE_NAME, SERVICE_PREFIX
 from .manifests import (
     COMPONENT_LABEL,
     DEFAULT_GID,
@@ -30,7 +31,6 @@ from .manifests import (
 )
 
 SERVICE_PORT = 10101
-SERVICE_PREFIX = "/services/gpupool/"
 CONFIG_MOUNT = "/etc/gpupool"
 RBAC_API = "rbac.authorization.k8s.io/v1"
 
@@ -146,7 +146,7 @@ def config_map(d: ServiceDeployment, profiles_yaml: str, quotas_yaml: str | None
 
 def deployment(d: ServiceDeployment) -> JsonDict:
     """One replica, replaced with ``Recreate``: the store has one owner, so two services never run at once."""
-    api = f"{SERVICE_PREFIX}api/v1"
+    api = f"{SERVICE_PREFIX}{API_PATH}"
     env: list[JsonDict] = [
         {"name": "GPUPOOL_BACKEND", "value": "kubernetes"},
         {"name": "GPUPOOL_KUBE_NAMESPACE", "value": d.users},
@@ -164,7 +164,7 @@ def deployment(d: ServiceDeployment) -> JsonDict:
             "name": "GPUPOOL_DB_URL",
             "valueFrom": {"secretKeyRef": {"name": d.db_secret, "key": d.db_secret_key}},
         },
-        {"name": "JUPYTERHUB_SERVICE_NAME", "value": "gpupool"},
+        {"name": "JUPYTERHUB_SERVICE_NAME", "value": SERVICE_NAME},
         {"name": "JUPYTERHUB_SERVICE_URL", "value": f"http://0.0.0.0:{d.port}"},  # listen on the pod's IP
         {"name": "JUPYTERHUB_SERVICE_PREFIX", "value": SERVICE_PREFIX},
         {"name": "JUPYTERHUB_API_URL", "value": d.hub_api_url},

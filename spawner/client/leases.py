@@ -1,0 +1,88 @@
+"""The calls the hub's spawners make: profiles with live availability, and leases asked for, read and
+released on behalf of any user.
+
+The spawner calls with a token of the hub's own (a JupyterHub service token whose role grants
+``custom:gpupool:leases``), so it may act for every user; everything is asynchronous, on the hub's loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from .connection import Connection
+
+
+@dataclass(frozen=True)
+class Availability:
+    """What the form needs from the service, per profile slug: ``(available_now, queued)`` and why a
+    profile can never fit the pool; plus the backend ("simulated" or "nvml")."""
+
+    counts: dict[str, tuple[int, int]]
+    never_fits: dict[str, str]
+    backend: str
+
+
+class ServiceClient(Connection):
+    """The service at ``base_url`` (its prefix, e.g. ``http://127.0.0.1:8000/services/gpupool/``), called
+    with the hub's ``token``; a shorter timeout than a notebook's, since a spawn waits on it."""
+
+    def __init__(self, base_url: str, token: str, *, timeout: float = 10.0) -> None:
+        super().__init__(base_url, token, environ={}, timeout=timeout)  # the hub says both, never its env
+
+    async def profiles(self, user: str | None = None) -> list[dict[str, Any]]:
+        """``GET profiles``: the profiles the token may use, each with ``available_now``, ``queued`` and
+        ``never_fits``. ``user`` is sent as a query parameter for a service that answers per user; today the
+        service answers for the token's owner (the hub: every profile open to all, none restricted to
+        groups)."""
+        params = {"user": user} if user else None
+        return cast(list[dict[str, Any]], await self.acall("GET", "profiles", params=params))
+
+    async def pool(self) -> dict[str, Any]:
+        """``GET pool``: nodes, devices, what is free, health and ``backend``."""
+        return cast(dict[str, Any], await self.acall("GET", "pool"))
+
+    async def availability(self, user: str | None = None) -> Availability:
+        """Per-profile counts and never-fits reasons from ``GET profiles``, and the backend from
+        ``GET pool``."""
+        profiles = await self.profiles(user)
+        pool = await self.pool()
+        return Availability(
+            counts={p["slug"]: (int(p["available_now"]), int(p["queued"])) for p in profiles},
+            never_fits={p["slug"]: str(p["never_fits"]) for p in profiles if p.get("never_fits")},
+            backend=str(pool.get("backend", "")),
+        )
+
+    async def create_lease(
+        self,
+        user: str,
+        groups: Iterable[str],
+        profile: str,
+        *,
+        owner_kind: str = "server",
+        owner_name: str = "",
+    ) -> dict[str, Any]:
+        """``POST leases`` for ``user``: the lease, ``granted`` (with devices) or ``queued`` (with
+        ``position`` and ``waiting_message``)."""
+        body = {
+            "profile": profile,
+            "owner_kind": owner_kind,
+            "owner_name": owner_name,
+            "user": user,
+            "groups": sorted(groups),
+        }
+        return cast(dict[str, Any], await self.acall("POST", "leases", json=body))
+
+    async def active_leases(self, user: str) -> list[dict[str, Any]]:
+        """``GET leases?active_only=true&user=…``: ``user``'s queued and granted leases."""
+        leases = await self.acall("GET", "leases", params={"active_only": "true", "user": user})
+        return cast(list[dict[str, Any]], leases)
+
+    async def get_lease(self, lease_id: str) -> dict[str, Any]:
+        """``GET leases/{id}``: the lease as it stands now."""
+        return cast(dict[str, Any], await self.acall("GET", f"leases/{lease_id}"))
+
+    async def release_lease(self, lease_id: str) -> dict[str, Any]:
+        """``DELETE leases/{id}``; the service makes a second release change nothing."""
+        return cast(dict[str, Any], await self.acall("DELETE", f"leases/{lease_id}"))
