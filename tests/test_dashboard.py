@@ -16,8 +16,7 @@ from test_telemetry_api import USERS, Client, Service
 from token_hub import token_hub
 
 from gpupool.spawner.service.api.page_html import IdleDevice, duration, heat_colour, idle_line, pool_tree
-from gpupool.spawner.service.api.pages import HeldDevice, dashboard_router, held_idle
-from gpupool.spawner.service.store.usage_store import UsageStore
+from gpupool.spawner.service.api.pages import HeldDevice, held_idle
 from gpupool.spawner.telemetry.aggregates import Holder, MinuteAggregate
 from gpupool.spawner.telemetry.samples import Sample
 
@@ -106,17 +105,7 @@ def hub_api() -> Iterator[str]:
 
 def _service(tmp: Path, hub_api: str) -> Service:
     service = Service(tmp, hub_api)
-    service.app.include_router(
-        dashboard_router(
-            service.manager,
-            service.telemetry,
-            service.auth,
-            backend="simulated",
-            source="demo",
-            idle_after=60,
-            usage=UsageStore(service.manager.store.engine),
-        )
-    )
+    service.parts.idle_after = 60
     start = time.time() + 1  # after every grant
     for i in range(13):  # two minutes of samples; nobody runs anything, so every held device is idle
         service.telemetry.record(service.telemetry.sampler.sample(start + 10 * i))

@@ -9,15 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_telemetry_api import PREFIX, USERS, Client, Service, metrics
+from test_telemetry_api import USERS, Client, Service, metrics
 from token_hub import token_hub
 
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles
 from gpupool.spawner.pool import gpu_equivalents
-from gpupool.spawner.service.api.pages import dashboard_router
 from gpupool.spawner.service.api.telemetry_routes import render_metrics
-from gpupool.spawner.service.api.usage_routes import usage_router
-from gpupool.spawner.service.store.usage_store import UsageStore
 
 
 def test_a_devices_weight_is_the_part_of_a_gpu_it_takes(tmp_path: Path) -> None:
@@ -38,16 +35,10 @@ def test_an_hour_on_a_slice_a_share_and_a_whole_gpu_reads_the_same_in_usage_the_
     service = Service(tmp_path, hub_api)  # alice holds a 3g.40gb slice, bob a whole H100
     quarter = next(p for p in load_profiles(EXAMPLE_PROFILES) if p.slug == "l4-quarter")
     service.manager.request_lease("alice", [], "server", "alice2", quarter.slug, quarter.request())
-    usage = UsageStore(service.manager.store.engine)
-    service.telemetry.on_minutes = usage.add
-    service.app.include_router(usage_router(usage, service.auth, prefix=PREFIX))
+    usage = service.parts.usage
     start = (time.time() // 60 + 1) * 60  # a minute boundary after every grant
     later = start + 7200  # the test's clock once the hour below has passed
-    service.app.include_router(
-        dashboard_router(
-            service.manager, service.telemetry, service.auth, prefix=PREFIX, usage=usage, clock=lambda: later
-        )
-    )
+    service.parts.clock = lambda: later
     for step in range(0, 3600 + 60, 10):  # an hour and a minute of samples: sixty closed minutes
         service.telemetry.record(service.telemetry.sampler.sample(start + step))
     expected = {("alice", "mig-3g"): 3 / 7, ("alice", "l4-quarter"): 0.25, ("bob", "h100"): 1.0}

@@ -1,4 +1,5 @@
-"""Device health in-process: the XID and lost-GPU rule, faults found by telemetry, drains that survive a restart.
+"""Device health in-process: the XID and lost-GPU rule, faults found by telemetry, an admin's drains and faults
+that survive a restart, repairs.
 
 A real SQLite store and the real lease and job managers; the job manager's loop is stepped by hand. The hub,
 the HTTP API and ``gpupool drain`` are in ``test_health_api.py``.
@@ -16,19 +17,21 @@ from builders import gpu, node
 from job_user import clean_home, job_user
 
 from gpupool.spawner.backends.nvml_telemetry import NvmlSampler
+from gpupool.spawner.client import GpupoolError
 from gpupool.spawner.pool.devices import Health
 from gpupool.spawner.pool.jobs import JobState
+from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.pool.profiles import Profile
 from gpupool.spawner.pool.requests import Request, WholeGpus
 from gpupool.spawner.service.jobs.job_manager import JobManager, Submission
-from gpupool.spawner.service.leasing.health import DrainStore, HealthKeeper, unhealthy_reason
+from gpupool.spawner.service.leasing.health import HealthKeeper, unhealthy_reason
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager
+from gpupool.spawner.service.store.health_store import HealthStore
 from gpupool.spawner.service.store.job_store import JobStore
-from gpupool.spawner.service.store.lease_store import LeaseState, LeaseStore, sqlite_url
+from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
 from gpupool.spawner.service.telemetry.telemetry_loop import Telemetry, make_sampler
 from gpupool.spawner.telemetry.samples import Sample, Snapshot
 from gpupool.widgets.admin_cli import parse_device
-from gpupool.spawner.client import GpupoolError
 
 H100 = frozenset({"H100-80GB"})
 ONE = Profile("h100", "One H100", 1000, 1024, WholeGpus(1, H100), max_lifetime=600)
@@ -40,7 +43,7 @@ def service(tmp_path: Path) -> tuple[JobManager, HealthKeeper]:
     """Managers and a health keeper on the SQLite file in ``tmp_path``: a second call is a restart."""
     store = LeaseStore(sqlite_url(str(tmp_path / "gpupool.sqlite")))
     jobs = JobManager(LeaseManager(NODES, store), JobStore(store.engine), [ONE], grace=1.0)
-    keeper = HealthKeeper(jobs, DrainStore(store.engine))
+    keeper = HealthKeeper(jobs, HealthStore(store.engine))
     keeper.restore()
     return jobs, keeper
 
@@ -166,7 +169,7 @@ def test_a_drain_survives_a_restart_and_undrain_admits_queued_work(tmp_path: Pat
     assert first.devices[0].gpu_uuid == f"GPU-dgx-{1 - index}" and queued.state is LeaseState.QUEUED
     assert keeper.undrain("dgx", index) is Health.HEALTHY
     assert jobs.leases.get(queued.id).devices[0].gpu_uuid == f"GPU-dgx-{index}"
-    assert keeper.drains.all() == []
+    assert keeper.store.all() == []
     jobs, keeper = service(tmp_path)
     assert jobs.leases.health_of("dgx", index) is Health.HEALTHY
 
@@ -179,13 +182,51 @@ def test_undraining_a_gpu_that_failed_meanwhile_leaves_it_unhealthy(tmp_path: Pa
     assert jobs.leases.pool.node("dgx").gpu_health[0] is Health.UNHEALTHY
 
 
+def test_an_admins_fault_survives_a_restart_until_the_gpu_is_repaired(tmp_path: Path) -> None:
+    jobs, keeper = service(tmp_path)
+    stopped, servers = keeper.fault("dgx", 0, "user admin")
+    assert stopped == [] and servers == []
+    jobs, keeper = service(tmp_path)  # the service restarts: the GPU is still out, and nothing lands on it
+    assert jobs.leases.health_of("dgx", 0) is Health.UNHEALTHY
+    first = jobs.leases.request_lease("bob", [], "server", "bob", "h100", ONE_GPU)
+    queued = jobs.leases.request_lease("carol", [], "server", "carol", "h100", ONE_GPU)
+    assert first.devices[0].gpu_uuid == "GPU-dgx-1" and queued.state is LeaseState.QUEUED
+    assert keeper.repair("dgx", 0) is Health.HEALTHY
+    assert jobs.leases.get(queued.id).devices[0].gpu_uuid == "GPU-dgx-0"  # the repaired GPU takes the queue
+    jobs, keeper = service(tmp_path)
+    assert jobs.leases.health_of("dgx", 0) is Health.HEALTHY and keeper.store.all() == []
+
+
+def test_repair_lifts_a_fault_the_telemetry_found_but_not_a_drain(tmp_path: Path) -> None:
+    jobs, keeper = service(tmp_path)
+    keeper.drain("dgx", 1, "user admin")
+    keeper.observe(Snapshot(1.0, (sample(0, (48,)), sample(1, (48,))), True, "simulated"))
+    assert keeper.repair("dgx", 0) is Health.HEALTHY and keeper.repair("dgx", 1) is Health.DRAINED
+    keeper.observe(Snapshot(3.0, (sample(0, (48,)),), True, "simulated"))  # the same XID again: out again
+    assert jobs.leases.health_of("dgx", 0) is Health.UNHEALTHY
+
+
+def test_drains_stored_before_health_marks_are_carried_over(tmp_path: Path) -> None:
+    store = LeaseStore(sqlite_url(str(tmp_path / "gpupool.sqlite")))
+    with store.engine.begin() as connection:  # the table as the previous release made it
+        connection.exec_driver_sql(
+            "CREATE TABLE drains (key VARCHAR(300) PRIMARY KEY, node VARCHAR(253), gpu_index INTEGER, "
+            'drained_at FLOAT, "by" VARCHAR(255))'
+        )
+        connection.exec_driver_sql("INSERT INTO drains VALUES ('dgx/1', 'dgx', 1, 5.0, 'user admin')")
+    jobs, keeper = service(tmp_path)
+    assert jobs.leases.health_of("dgx", 1) is Health.DRAINED
+    (mark,) = keeper.store.all()
+    assert (mark.by, mark.at) == ("user admin", 5.0)
+
+
 def test_draining_an_unknown_node_or_gpu_names_it_and_stores_nothing(tmp_path: Path) -> None:
     _, keeper = service(tmp_path)
     with pytest.raises(KeyError, match="nope"):
         keeper.drain("nope", None, "user admin")
     with pytest.raises(KeyError, match="no GPU 7"):
         keeper.drain("dgx", 7, "user admin")
-    assert keeper.drains.all() == []
+    assert keeper.store.all() == []
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from builders import gpu, node
 from job_user import clean_home, job_user, python_with_numpy, train_script, user_dir
 
 from gpupool.spawner.pool.jobs import JobState
+from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.pool.profiles import Profile
 from gpupool.spawner.pool.quotas import Quota, QuotaExceeded, QuotaPolicy
 from gpupool.spawner.pool.requests import Request, WholeGpus
@@ -27,7 +28,7 @@ from gpupool.spawner.service.jobs.job_manager import (
 )
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager
 from gpupool.spawner.service.store.job_store import JobStore
-from gpupool.spawner.service.store.lease_store import LeaseState, LeaseStore, sqlite_url
+from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
 
 H100 = frozenset({"H100-80GB"})
 ONE = Profile("h100", "One H100", 1000, 1024, WholeGpus(1, H100), max_lifetime=600)

@@ -19,12 +19,14 @@ from traitlets.config import Config
 from gpupool.spawner.hub import up
 from gpupool.spawner.kube import deploy
 from gpupool.spawner.kube.manifests import ManifestError, gpu_tolerations
-from gpupool.spawner.service.api.app import DEFAULT_PREFIX
+from gpupool.spawner.service.settings import ServiceSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = ("1.30", major_minor(latest_version()))
 VALUES = ROOT / "hub_config" / "helm" / "values.yaml"
 SETTINGS = deploy.ServiceDeployment(namespace="jhub", image="registry.example.org/gpupool-hub:0.1.0")
+
+DEFAULT_PREFIX = ServiceSettings().service_prefix  # where the service answers unless told otherwise
 
 
 def manifests(settings: deploy.ServiceDeployment = SETTINGS) -> dict[str, dict[str, Any]]:
@@ -92,7 +94,7 @@ def test_one_non_root_replica_with_its_secrets_referenced_never_inlined() -> Non
 def test_the_readiness_probe_asks_the_services_api_on_its_port() -> None:
     docs = manifests()
     container = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
-    assert DEFAULT_PREFIX == deploy.SERVICE_PREFIX
+    assert DEFAULT_PREFIX == deploy.SERVICE_PREFIX  # the service answers where the Deployment routes to
     assert container["readinessProbe"]["httpGet"] == {
         "path": f"{DEFAULT_PREFIX}api/v1/openapi.json",
         "port": "http",

@@ -18,12 +18,13 @@ from kube_cluster import A100, H100, LocalKube, l4_node, own_node, wait_for_file
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles
 from gpupool.spawner.kube.inventory import KubeInventory, connect
 from gpupool.spawner.pool.devices import Health
+from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.pool.requests import Request, WholeGpus
 from gpupool.spawner.service.jobs.job_manager import JobManager
 from gpupool.spawner.service.kube_pool import load_kube_pool
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager
 from gpupool.spawner.service.store.job_store import JobStore
-from gpupool.spawner.service.store.lease_store import LeaseState, LeaseStore, sqlite_url
+from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
 
 ONE_A100 = Request(1000, 1024, WholeGpus(1, frozenset({"A100-40GB"})))
 ONE_L4 = Request(1000, 1024, WholeGpus(1, frozenset({"L4-24GB"})))

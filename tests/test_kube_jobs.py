@@ -28,6 +28,7 @@ from kube_cluster import (
 
 from gpupool.spawner.kube.jobs import job_name
 from gpupool.spawner.pool.jobs import Job, JobState
+from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.pool.profiles import Profile
 from gpupool.spawner.pool.requests import WholeGpus
 from gpupool.spawner.service.jobs.job_manager import JobManager, Submission
@@ -35,7 +36,7 @@ from gpupool.spawner.service.jobs.submission import InvalidJob
 from gpupool.spawner.service.kube_pool import load_kube_pool
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager
 from gpupool.spawner.service.store.job_store import JobStore
-from gpupool.spawner.service.store.lease_store import LeaseState, LeaseStore, sqlite_url
+from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
 
 IMAGE = "registry.example.org/gpupool-singleuser:1.0"
 PROFILES = [

@@ -10,11 +10,12 @@ from builders import gpu, node
 
 from gpupool.spawner.backends.simulated import parse_pool
 from gpupool.spawner.pool.devices import GpuMode, Node
+from gpupool.spawner.pool.leases import Lease, LeaseState
 from gpupool.spawner.pool.quotas import Quota, QuotaExceeded, QuotaPolicy
 from gpupool.spawner.pool.requests import GpuShare, MigSlice, Request, WholeGpus
 from gpupool.spawner.pool.state import AlreadyHolding, CannotRestore, PoolState
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager, NeverFits
-from gpupool.spawner.service.store.lease_store import Lease, LeaseNotFound, LeaseState, LeaseStore, sqlite_url
+from gpupool.spawner.service.store.lease_store import LeaseNotFound, LeaseStore, sqlite_url
 
 H100 = frozenset({"H100-80GB"})
 WHOLE = Request(4000, 16384, WholeGpus(1, H100))

@@ -30,10 +30,11 @@ from test_local_spawner import (
 
 from gpupool.spawner.backends.discovery import discover_pool
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles
+from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.pool.profiles import find_profile
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager
 from gpupool.spawner.service.leasing.reconcile import SERVER_GONE, HubClient, ReconcileReport, reconcile_once
-from gpupool.spawner.service.store.lease_store import LeaseState, LeaseStore, sqlite_url
+from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
 
 INTERVAL = 1.0
 SERVICE_ROLE = f"""

@@ -1,6 +1,6 @@
 """Telemetry over HTTP: Prometheus metrics that match the pool, and recent samples that only the right callers
-see. A real FastAPI app (the lease API with the telemetry router included), a real LeaseManager on the demo
-pool in SQLite, a real Authenticator asking a stand-in hub over HTTP, and the real sampler loop."""
+see. The service as its composition root builds it (a real FastAPI app and LeaseManager on the demo pool in
+SQLite, JupyterHub's HubAuth asking a stand-in hub over HTTP), and the real sampler loop."""
 
 from __future__ import annotations
 
@@ -26,13 +26,15 @@ from gpupool.spawner.backends.nvml import discover_node
 from gpupool.spawner.backends.nvml_telemetry import NvmlSampler
 from gpupool.spawner.backends.simulated import DEMO_POOL, load_pool_file
 from gpupool.spawner.backends.simulated_telemetry import SimulatedSampler
-from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles
+from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES
 from gpupool.spawner.pool.devices import GpuMode
-from gpupool.spawner.service.api.app import create_app
-from gpupool.spawner.service.api.auth import ADMIN_SCOPE, LEASES_SCOPE, Authenticator
-from gpupool.spawner.service.api.telemetry_routes import render_metrics, telemetry_router
+from gpupool.spawner.pool.leases import Lease, LeaseState
+from gpupool.spawner.service.api.auth import ADMIN_SCOPE, LEASES_SCOPE
+from gpupool.spawner.service.api.telemetry_routes import render_metrics
+from gpupool.spawner.service.assembly import assemble
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager
-from gpupool.spawner.service.store.lease_store import Lease, LeaseState, LeaseStore, sqlite_url
+from gpupool.spawner.service.settings import ServiceSettings
+from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
 from gpupool.spawner.service.telemetry.telemetry_loop import Telemetry, make_sampler
 
 PREFIX = "/services/gpupool/"
@@ -55,29 +57,33 @@ def hub_api() -> Iterator[str]:
 
 
 class Service:
-    """The service's parts as ``__main__`` wires them, with leases for alice, bob and carol."""
+    """The service as :func:`assemble` builds it on the demo pool, with leases for alice, bob and carol and a
+    simulated sampler that reads the processes ``pids`` names for each device."""
 
-    def __init__(self, tmp: Path, hub_api: str, pids: Mapping[str, set[int]] | None = None, **router: Any):
-        self.nodes = load_pool_file(DEMO_POOL)
-        self.manager = LeaseManager(self.nodes, LeaseStore(sqlite_url(str(tmp / "leases.sqlite"))))
-        profiles = {p.slug: p for p in load_profiles(EXAMPLE_PROFILES)}
+    def __init__(self, tmp: Path, hub_api: str, pids: Mapping[str, set[int]] | None = None, **settings: Any):
+        settings.setdefault("sample_seconds", 0)  # most tests feed samples themselves, at times they choose
+        self.service = assemble(
+            ServiceSettings(
+                pool_file=str(DEMO_POOL),
+                profiles_file=str(EXAMPLE_PROFILES),
+                db_url=sqlite_url(str(tmp / "leases.sqlite")),
+                hub_api_url=hub_api,
+                reconcile_seconds=0,
+                **settings,
+            )
+        )
+        self.app, self.parts = self.service.app, self.service.parts
+        self.manager, self.telemetry, self.auth = self.parts.manager, self.parts.telemetry, self.parts.auth
+        self.nodes = tuple(ns.node for ns in self.manager.pool.nodes)
         self.pids: dict[str, set[int]] = dict(pids or {})
+        self.telemetry.sampler = SimulatedSampler(self.nodes, lambda: self.pids)
+        profiles = {p.slug: p for p in self.parts.profiles}
 
         def ask(user: str, slug: str) -> Lease:
             return self.manager.request_lease(user, [], "server", user, slug, profiles[slug].request())
 
         self.alice, self.bob = ask("alice", "mig-3g"), ask("bob", "h100")
         self.carol = [ask("carol", "h100-x4"), ask("carol", "h100-x4")]
-        self.auth = Authenticator(hub_api, "gpupool")
-        self.app: FastAPI = create_app(
-            self.manager, list(profiles.values()), backend="simulated", auth=self.auth, prefix=PREFIX
-        )
-        sampler = SimulatedSampler(self.nodes, lambda: self.pids)
-        self.telemetry = Telemetry(self.manager, sampler, interval=0.2)
-        router.setdefault("run_loop", False)  # most tests feed samples themselves, at times they choose
-        self.app.include_router(
-            telemetry_router(self.manager, self.telemetry, self.auth, prefix=PREFIX, **router)
-        )
 
     def sample_twice(self) -> None:
         sampler = self.telemetry.sampler
@@ -170,7 +176,7 @@ def test_metrics_need_an_administrator_unless_made_public(tmp_path: Path, hub_ap
         refused = get(client, "metrics", "alice-token")
         assert refused.status_code == 403 and "custom:gpupool:admin" in refused.json()["detail"]
     (tmp_path / "public").mkdir()
-    public = Service(tmp_path / "public", hub_api, public_metrics=True)
+    public = Service(tmp_path / "public", hub_api, metrics_public=True)
     with Client(public.app) as client:
         assert get(client, "metrics", None).status_code == 200
 
@@ -209,7 +215,7 @@ def test_the_sampler_loop_shows_a_busy_lease_busy_and_an_idle_one_idle(
 ) -> None:
     for code in (BUSY, IDLE):
         processes.append(subprocess.Popen([sys.executable, "-c", code], start_new_session=True))
-    service = Service(tmp_path, hub_api)
+    service = Service(tmp_path, hub_api, sample_seconds=0.2)  # the test runs the sampler loop itself
     alice_slice, bob_gpu = service.alice.devices[0].uuid, service.bob.devices[0].uuid
     service.pids.update({alice_slice: {processes[0].pid}, bob_gpu: {processes[1].pid}})
 
@@ -256,7 +262,7 @@ def test_the_sampler_loop_shows_a_busy_lease_busy_and_an_idle_one_idle(
 def test_the_app_samples_while_it_serves_and_stops_sampling_when_it_stops(
     tmp_path: Path, hub_api: str
 ) -> None:
-    service = Service(tmp_path, hub_api, run_loop=True)
+    service = Service(tmp_path, hub_api, sample_seconds=0.2)
     with Client(service.app) as client:
         client.wait_for(lambda: service.telemetry.passes >= 2)
         (device,) = get(client, "api/v1/telemetry", "alice-token").json()["devices"]

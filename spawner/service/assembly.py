@@ -2,40 +2,42 @@
 starts and stops its background loops.
 
 :func:`assemble` opens the pool, the profiles, the quotas and the store once, builds the lease and job managers,
-telemetry and the HTTP app with every router, and wires the Kubernetes backend in when the settings ask for
-it. :meth:`Service.lifespan` is the app's lifespan: the job manager's loop, reconciliation with the hub, the
-Kubernetes watches, and (through the routers' own lifespans, which FastAPI merged into the app's) telemetry
-sampling and the folding of GPU activity.
+health, telemetry and the parts the routes work on (:class:`.api.context.ServiceParts`), then the HTTP app,
+and wires the Kubernetes backend in when the settings ask for it. :meth:`Service.lifespan` is the app's
+lifespan and the only place a background loop starts: telemetry sampling, the folding of GPU activity, the
+job manager's loop, reconciliation with the hub and the Kubernetes watches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
+from jupyterhub.services.auth import HubOAuth
 
 from ..backends.discovery import DiscoveredPool, discover_pool
 from ..files.profiles_file import load_profiles
 from ..files.quotas_file import load_quotas
 from ..pool.policies import policy_by_name
+from ..telemetry.activity import ActivityTracker
 from .api.app import create_app
 from .api.auth import Authenticator
 from .api.browser_login import BrowserLogin
-from .api.health_routes import health_router
-from .api.idle_routes import Warnings, idle_router
-from .api.pages import dashboard_router
-from .api.telemetry_routes import telemetry_router
-from .api.usage_routes import usage_router
+from .api.context import ServiceParts
+from .api.idle_routes import fold_activity_forever
 from .jobs.job_manager import JobManager
+from .leasing.culls import Culls
+from .leasing.health import HealthKeeper
 from .leasing.lease_manager import LeaseManager
 from .leasing.reconcile import HubClient, reconcile_forever
 from .settings import ServiceSettings
+from .store.health_store import HealthStore
 from .store.job_store import JobStore
 from .store.lease_store import LeaseStore, sqlite_url
 from .store.usage_store import UsageStore
@@ -47,35 +49,43 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpupool.service")
 
+AUTH_CACHE_SECONDS = 60  # how long the hub's answer for a token is reused: one hub call a minute per token
+
 
 @dataclass
 class Service:
-    """The built service: its settings, app and managers, and what its lifespan runs."""
+    """The built service: its settings, app and the parts its routes and loops work on."""
 
     settings: ServiceSettings
     app: FastAPI
-    manager: LeaseManager
-    jobs: JobManager
-    auth: Authenticator
+    parts: ServiceParts
     cluster: ClusterFollower | None = None  # the Kubernetes backend's watches
-    # the routers' own lifespans (telemetry sampling, activity folding), merged by FastAPI, run inside ours
-    routers_lifespan: Callable[[FastAPI], AbstractAsyncContextManager[Any]] | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
+    @property
+    def manager(self) -> LeaseManager:
+        return self.parts.manager
+
+    @property
+    def jobs(self) -> JobManager:
+        return self.parts.jobs
+
     @asynccontextmanager
-    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        """Start every loop, serve, then stop them all (newest first) and close the clients."""
+    async def lifespan(self, _app: FastAPI) -> AsyncIterator[None]:
+        """Start every loop, serve, then stop them all (newest first)."""
         async with AsyncExitStack() as stack:
             if self.cluster is not None:
                 await stack.enter_async_context(self.cluster.watching())
+            stack.push_async_callback(self._stop_tasks)
+            if self.settings.sample_seconds > 0:
+                self._start(self.parts.telemetry.run(), "gpupool-telemetry")
+                self._start(
+                    fold_activity_forever(self.parts.tracker, self.parts.telemetry), "gpupool-activity"
+                )
             self._start(self.jobs.run_forever(), "gpupool-jobs")
             hub = self._reconciler()
             if hub is not None:
                 stack.push_async_callback(hub.aclose)
-            stack.push_async_callback(self._stop_tasks)
-            stack.push_async_callback(self.auth.aclose)
-            if self.routers_lifespan is not None:
-                await stack.enter_async_context(self.routers_lifespan(app))
             yield
 
     def _reconciler(self) -> HubClient | None:
@@ -117,7 +127,26 @@ def assemble(settings: ServiceSettings) -> Service:
     if pool.note:
         log.warning("%s", pool.note)
     log.info("pool from %s (%s): %d nodes", pool.source, pool.backend, len(pool.nodes))
+    manager = lease_manager(settings, pool)
     profiles = load_profiles(settings.profiles_file)
+    jobs = JobManager(
+        manager,
+        JobStore(manager.store.engine),
+        profiles,
+        grace=settings.job_grace_seconds,
+        max_queued=settings.max_queued_jobs,
+        home_root=settings.job_home_root or None,
+        job_runner=kube_job_runner(kube, settings) if kube is not None else None,
+    )
+    parts = service_parts(settings, pool, manager, jobs)
+    cluster = kube.follow(manager, parts.health) if kube is not None else None
+    service = Service(settings, create_app(parts), parts, cluster)
+    service.app.router.lifespan_context = service.lifespan
+    return service
+
+
+def lease_manager(settings: ServiceSettings, pool: DiscoveredPool) -> LeaseManager:
+    """The lease manager over the pool and the store, with the placement policy and quotas of the settings."""
     quotas = load_quotas(settings.quotas_file) if settings.quotas_file else None
     policy = policy_by_name(settings.policy)
     store = LeaseStore(settings.db_url or sqlite_url(str(Path.cwd() / "gpupool.sqlite")))
@@ -129,62 +158,45 @@ def assemble(settings: ServiceSettings) -> Service:
     )
     for lease in manager.released_at_start:
         log.warning("released at start-up: lease %s of %s (%s)", lease.id, lease.user, lease.release_reason)
-    jobs = JobManager(
-        manager,
-        JobStore(store.engine),
-        profiles,
-        grace=settings.job_grace_seconds,
-        max_queued=settings.max_queued_jobs,
-        home_root=settings.job_home_root or None,
-        job_runner=kube_job_runner(kube, settings) if kube is not None else None,
-    )
-    auth = Authenticator(settings.hub_api_url, settings.service_name)
-    prefix = settings.service_prefix
-    app = create_app(
-        manager, profiles, backend=pool.backend, source=pool.source, auth=auth, prefix=prefix, jobs=jobs
-    )
-    usage = UsageStore(store.engine)  # the minutes the telemetry closes, kept for long-term reports
+    return manager
+
+
+def service_parts(
+    settings: ServiceSettings, pool: DiscoveredPool, manager: LeaseManager, jobs: JobManager
+) -> ServiceParts:
+    """Telemetry, usage, health and the hub's authentication around the managers: what the routes read."""
+    usage = UsageStore(manager.store.engine)  # the minutes the telemetry closes, kept for long-term reports
     telemetry = Telemetry(
         manager,
         make_sampler(pool.backend, pool.nodes),
         interval=settings.sample_seconds,
         on_minutes=usage.add,
     )
-    app.include_router(
-        telemetry_router(manager, telemetry, auth, prefix=prefix, public_metrics=settings.metrics_public)
-    )
-    app.include_router(usage_router(usage, auth, prefix=prefix))
-    app.include_router(health_router(jobs, telemetry, auth, prefix=prefix))
-    warnings = Warnings(manager)  # the culler records them through the API; the pages read them too
-    app.include_router(
-        idle_router(
-            manager,
-            telemetry,
-            auth,
-            profiles,
-            prefix=prefix,
-            threshold=settings.gpu_idle_threshold,
-            warnings=warnings,
-        )
-    )
+    health = HealthKeeper(jobs, HealthStore(manager.store.engine))
+    health.restore()  # an admin's drains and faults survive restarts; the telemetry finds its faults again
+    telemetry.add_observer(health.observe)
     login = browser_login(settings)  # the pages let a logged-in hub user in without a token
-    app.include_router(
-        dashboard_router(
-            manager,
-            telemetry,
-            auth,
-            prefix=prefix,
-            backend=pool.backend,
-            source=pool.source,
-            login=login,
-            warnings=warnings,
-            usage=usage,
-        )
+    hub_auth = login.hub_oauth if login is not None else None
+    return ServiceParts(
+        manager=manager,
+        jobs=jobs,
+        profiles=jobs.profiles,
+        auth=Authenticator.for_hub(
+            settings.hub_api_url, settings.service_name, hub_auth=hub_auth, cache_seconds=AUTH_CACHE_SECONDS
+        ),
+        telemetry=telemetry,
+        usage=usage,
+        culls=Culls(
+            manager
+        ),  # the culler records warnings and culls through the API; pages and metrics read them
+        tracker=ActivityTracker(settings.gpu_idle_threshold),
+        health=health,
+        backend=pool.backend,
+        source=pool.source,
+        prefix=settings.service_prefix,
+        public_metrics=settings.metrics_public,
+        login=login,
     )
-    cluster = kube.follow(manager, jobs) if kube is not None else None
-    service = Service(settings, app, manager, jobs, auth, cluster, app.router.lifespan_context)
-    app.router.lifespan_context = service.lifespan
-    return service
 
 
 def kube_job_runner(kube: KubeBackend, settings: ServiceSettings) -> KubeJobRunner:
@@ -203,13 +215,15 @@ def browser_login(settings: ServiceSettings) -> BrowserLogin | None:
     """The pages' OAuth login; None without an API token to trade codes with (then they take tokens only)."""
     if not settings.api_token:
         return None
-    return BrowserLogin(
-        client_id=settings.oauth_client_id or f"service-{settings.service_name}",
-        client_secret=settings.api_token,
-        hub_api_url=settings.hub_api_url,
+    hub_oauth = HubOAuth(
+        api_url=settings.hub_api_url,
+        api_token=settings.api_token,
+        oauth_client_id=settings.oauth_client_id or f"service-{settings.service_name}",
         hub_prefix=settings.base_url.rstrip("/") + "/hub/",
-        service_prefix=settings.service_prefix,
+        base_url=settings.service_prefix,
+        cache_max_age=AUTH_CACHE_SECONDS,
     )
+    return BrowserLogin(hub_oauth, settings.service_prefix)
 
 
 __all__ = ["Service", "assemble", "browser_login"]

@@ -5,7 +5,7 @@ with it by the inventory's watches (:mod:`..kube.inventory`).
   pool's nodes are fixed for the manager's life). A node that joins later, or whose MIG layout changes, is
   logged and pooled at the next restart.
 - **Node health**: a node that is NotReady, cordoned, tainted (other than ``nvidia.com/gpu``) or reconfiguring
-  MIG is marked unhealthy through :class:`.health.NodeConditions`, the job manager's fault path: nothing new is
+  MIG is marked unhealthy through :meth:`.leasing.health.HealthKeeper.node_condition`, the job manager's fault path: nothing new is
   placed there and its jobs are requeued. Ready again, the mark is cleared and queued work admitted.
 - **Other workloads**: what pods not labelled ``gpupool.io/lease`` hold on a node is held in the pool as
   *outside holdings* (:meth:`.leases.LeaseManager.set_outside_use`): allocations owned by
@@ -39,9 +39,8 @@ from ..kube.manifests import ManifestError
 from ..kube.resources import outside_use
 from ..pool.devices import Node
 from ..telemetry.samples import Snapshot
-from .jobs.job_manager import JobManager
 from .jobs.kube_runner import KubeJobRunner
-from .leasing.health import NodeConditions
+from .leasing.health import HealthKeeper
 from .leasing.lease_manager import LeaseManager
 
 log = logging.getLogger(__name__)
@@ -59,10 +58,10 @@ class KubeBackend:
     problems: dict[str, str | None] = field(default_factory=dict)
     usage: dict[str, dict[str, int]] = field(default_factory=dict)
 
-    def follow(self, manager: LeaseManager, jobs: JobManager) -> ClusterFollower:
+    def follow(self, manager: LeaseManager, health: HealthKeeper) -> ClusterFollower:
         """Apply the health and outside usage the cluster showed at start-up to ``manager`` now; the
         follower's :meth:`ClusterFollower.watching` keeps them current."""
-        return ClusterFollower(self, manager, jobs)
+        return ClusterFollower(self, manager, health)
 
     def job_runner(
         self,
@@ -106,14 +105,13 @@ class KubeBackend:
 
 
 class ClusterFollower:
-    """Keeps the lease manager in step with the cluster: node health through the job manager's fault path
-    (:class:`.health.NodeConditions`), other workloads' use as outside holdings."""
+    """Keeps the lease manager in step with the cluster: node conditions through the one health keeper
+    (:meth:`.leasing.health.HealthKeeper.node_condition`), other workloads' use as outside holdings."""
 
-    def __init__(self, backend: KubeBackend, manager: LeaseManager, jobs: JobManager) -> None:
+    def __init__(self, backend: KubeBackend, manager: LeaseManager, health: HealthKeeper) -> None:
         self.backend = backend
         self.manager = manager
-        self.jobs = jobs
-        self._conditions = NodeConditions(jobs)
+        self.health_keeper = health
         self._pooled = {node.name: node for node in backend.nodes}
         for name, problem in backend.problems.items():
             if problem is not None:
@@ -125,7 +123,7 @@ class ClusterFollower:
         if name not in self._pooled:
             log.warning("node %s is not in the pool (it joined after start-up): %s", name, problem or "ready")
             return
-        self._conditions.update(name, problem)
+        self.health_keeper.node_condition(name, problem)
 
     def usage(self, name: str, held: dict[str, int]) -> None:
         if name not in self._pooled:
@@ -149,7 +147,8 @@ class ClusterFollower:
         inventory.usage = {name: dict(held) for name, held in backend.usage.items()}
         inventory.on_health(self.health)
         inventory.on_usage(self.usage)
-        runner = self.jobs.runner if isinstance(self.jobs.runner, KubeJobRunner) else None
+        jobs = self.health_keeper.jobs
+        runner = jobs.runner if isinstance(jobs.runner, KubeJobRunner) else None
         try:
             await inventory.start()
             if runner is not None:

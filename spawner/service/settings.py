@@ -23,9 +23,9 @@ from traitlets.config import Application, Config
 from ..files.profiles_file import EXAMPLE_PROFILES
 from ..kube.labels import SHARED_RESOURCE
 from ..kube.manifests import ManifestError, require_dns_label
+from ..names import SERVICE_NAME, SERVICE_PREFIX
 from ..pool.policies import policy_by_name
 
-DEFAULT_PREFIX = "/services/gpupool/"
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 
@@ -141,10 +141,10 @@ class ServiceSettings(Application):
     bind_url = Unicode("http://127.0.0.1:10101", help="Where the service listens.").tag(
         config=True, env="JUPYTERHUB_SERVICE_URL"
     )
-    service_prefix = Unicode(DEFAULT_PREFIX, help="The URL prefix the proxy forwards to the service.").tag(
+    service_prefix = Unicode(SERVICE_PREFIX, help="The URL prefix the proxy forwards to the service.").tag(
         config=True, env="JUPYTERHUB_SERVICE_PREFIX"
     )
-    service_name = Unicode("gpupool", help="The service's name in the hub.").tag(
+    service_name = Unicode(SERVICE_NAME, help="The service's name in the hub.").tag(
         config=True, env="JUPYTERHUB_SERVICE_NAME"
     )
     hub_api_url = Unicode("", help="The hub's API, which checks the tokens callers bring. Required.").tag(

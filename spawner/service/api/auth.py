@@ -1,10 +1,10 @@
-"""Who is calling: JupyterHub API tokens checked with the hub, and the gpupool scopes they carry.
+"""Who is calling: JupyterHub API tokens checked by JupyterHub's own :class:`~jupyterhub.services.auth.HubAuth`,
+and the gpupool scopes they carry.
 
 The service keeps no users of its own. A request's token (``Authorization: token …`` or ``Bearer …``, or for
-reads the cookie of a browser logged in through the hub, see :mod:`.browser_login`) is shown
-to the hub at ``GET {JUPYTERHUB_API_URL}/user``, which answers with the token's owner and its scopes; the
-answer is cached for ``cache_seconds`` under a hash of the token, so a busy spawner costs the hub one call a
-minute, and the token itself is never kept.
+reads the cookie of a browser logged in through the hub, see :mod:`.browser_login`) goes to
+``HubAuth.user_for_token``, which asks ``GET {JUPYTERHUB_API_URL}/user`` and caches the answer for
+``cache_max_age`` seconds under a hash of the token, so a busy spawner costs the hub one call a minute.
 
 Scopes, as JupyterHub grants them through roles (declare the custom ones in ``c.JupyterHub.custom_scopes``):
 
@@ -19,14 +19,12 @@ Only unfiltered custom scopes count: ``custom:gpupool:admin!user=x`` grants noth
 
 from __future__ import annotations
 
-import hashlib
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
-import httpx
-from fastapi import Header, HTTPException, Request, status
+from fastapi import HTTPException, Request, status
+from jupyterhub.services.auth import HubAuth
+from tornado.web import HTTPError as TornadoHTTPError
 
 TOKEN_COOKIE = "gpupool-token"  # set by the browser login (browser_login.py), for the service's prefix only
 LEASES_SCOPE = "custom:gpupool:leases"
@@ -51,9 +49,14 @@ class Caller:
         """The hub's scope: may create and release leases for any user."""
         return LEASES_SCOPE in self.scopes
 
-    def may_see(self, lease_user: str) -> bool:
-        """Whether this caller may read or release a lease of ``lease_user``."""
-        return self.is_admin or self.acts_for_others or (self.kind == "user" and lease_user == self.name)
+    @property
+    def sees_everyone(self) -> bool:
+        """An administrator or the hub: reads every user's leases, jobs, activity and warnings."""
+        return self.is_admin or self.acts_for_others
+
+    def may_see(self, owner: str) -> bool:
+        """Whether this caller may read or act on what belongs to ``owner`` (a lease, a job, a warning)."""
+        return self.sees_everyone or (self.kind == "user" and owner == self.name)
 
     def check_may_see(self, owner: str, what: str) -> None:
         """403 unless :meth:`may_see` allows ``what`` (``lease X``, ``job Y``); whose it is is not said."""
@@ -64,31 +67,24 @@ class Caller:
 
 
 class Authenticator:
-    """Asks the hub who owns a token and what it may do; one instance per service process."""
+    """JupyterHub's :class:`HubAuth` for this service, turning its answers into :class:`Caller` or an HTTP
+    error that says what is wrong."""
 
-    def __init__(
-        self,
-        api_url: str,
-        service_name: str,
-        *,
-        cache_seconds: float = 60.0,
-        timeout: float = 10.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.api_url = api_url.rstrip("/")
+    def __init__(self, hub_auth: HubAuth, service_name: str) -> None:
+        self.hub_auth = hub_auth
         self.service_name = service_name
-        self.cache_seconds = cache_seconds
-        self._clock = clock
-        self._cache: dict[str, tuple[float, Caller]] = {}
-        self._client = httpx.AsyncClient(timeout=timeout)
 
-    async def aclose(self) -> None:
-        await self._client.aclose()
+    @classmethod
+    def for_hub(
+        cls, api_url: str, service_name: str, *, hub_auth: HubAuth | None = None, cache_seconds: int = 60
+    ) -> Authenticator:
+        """For the hub at ``api_url``; ``hub_auth`` shares the pages' :class:`HubOAuth` (and its cache)."""
+        if hub_auth is None:
+            hub_auth = HubAuth(api_url=api_url, cache_max_age=cache_seconds)
+        return cls(hub_auth, service_name)
 
-    async def __call__(
-        self, request: Request, authorization: Annotated[str | None, Header()] = None
-    ) -> Caller:
-        """The FastAPI dependency: the caller of this request, or 401/403 saying what is wrong."""
+    async def caller(self, request: Request, authorization: str | None) -> Caller:
+        """The caller of ``request``: its token must be one the hub knows, allowed to use this service."""
         return await self.check(token_of(request, authorization))
 
     async def check(self, token: str) -> Caller:
@@ -104,36 +100,18 @@ class Authenticator:
         return caller
 
     async def identify(self, token: str) -> Caller:
-        """The token's owner, from the cache when the hub answered for it in the last ``cache_seconds``."""
-        key = hashlib.sha256(token.encode()).hexdigest()
-        now = self._clock()
-        cached = self._cache.get(key)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        caller = await self._ask_hub(token)
-        if len(self._cache) > 10_000:  # drop expired entries now and then, so the cache cannot grow forever
-            self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
-        self._cache[key] = (now + self.cache_seconds, caller)
-        return caller
-
-    async def _ask_hub(self, token: str) -> Caller:
+        """The token's owner as the hub (or HubAuth's cache) describes it."""
         try:
-            response = await self._client.get(
-                f"{self.api_url}/user", headers={"Authorization": f"token {token}"}
-            )
-        except httpx.HTTPError as error:
+            model = await self.hub_auth.user_for_token(token, sync=False)
+        except TornadoHTTPError as error:
             raise HTTPException(
-                status.HTTP_502_BAD_GATEWAY, f"cannot reach JupyterHub to check the token: {error}"
+                status.HTTP_502_BAD_GATEWAY, f"cannot check the token with JupyterHub: {error.log_message}"
             ) from error
-        if response.status_code in (401, 403, 404):
+        if model is None:
             raise HTTPException(
                 status.HTTP_403_FORBIDDEN, "JupyterHub does not accept this token (unknown or expired)"
             )
-        if response.status_code != 200:
-            raise HTTPException(
-                status.HTTP_502_BAD_GATEWAY, f"JupyterHub answered {response.status_code} checking the token"
-            )
-        return caller_from_model(response.json())
+        return caller_from_model(model)
 
 
 def caller_from_model(model: dict[str, Any]) -> Caller:

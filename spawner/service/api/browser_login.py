@@ -1,32 +1,30 @@
 """Logging a browser in to the service's pages with JupyterHub's OAuth, so a hub user needs no token.
 
-A page request without credentials is sent to the hub's ``/hub/api/oauth2/authorize``; the hub, where the
-user is logged in already, sends the browser back to ``{prefix}oauth_callback`` with a code, which the service
-trades for an access token (``POST {JUPYTERHUB_API_URL}/oauth2/token``, the service's own API token as the
-client secret). The token goes into an HttpOnly cookie scoped to the service's prefix, and every later
-request is checked with the hub like any API token (:class:`.auth.Authenticator`), so the hub stays the one
-judge of who the caller is and what they may do.
+A page request without credentials is sent to the hub's ``/hub/api/oauth2/authorize`` with a PKCE challenge;
+the hub, where the user is logged in already, sends the browser back to ``{prefix}oauth_callback`` with a
+code, which the service trades for an access token. JupyterHub's :class:`~jupyterhub.services.auth.HubOAuth`
+does the protocol (state, PKCE, the token request with the service's API token as client secret); this
+module only carries it over HTTP. The token goes into an HttpOnly cookie scoped to the service's prefix, and
+every later request is checked with the hub like any API token (:class:`.auth.Authenticator`), so the hub
+stays the one judge of who the caller is and what they may do.
 
 The login asks for no scopes by name, so the token carries the service's ``oauth_client_allowed_scopes`` as far
 as the user holds them, plus ``access:services!service=<name>``. List ``custom:gpupool:admin`` there (the
-shipped configurations do) for administrators to see the whole pool; JupyterHub drops it for other users. The cookie is honoured only for reads (GET and HEAD): a page elsewhere cannot
-make a browser change anything through it.
-
-Settings come from the environment JupyterHub gives a managed service (``JUPYTERHUB_API_TOKEN``,
-``JUPYTERHUB_API_URL``, ``JUPYTERHUB_CLIENT_ID``, ``JUPYTERHUB_BASE_URL``, ``JUPYTERHUB_SERVICE_PREFIX``);
-an external service sets the same variables.
+shipped configurations do) for administrators to see the whole pool; JupyterHub drops it for other users. The
+cookie is honoured only for reads (GET and HEAD): a page elsewhere cannot make a browser change anything
+through it.
 """
 
 # No ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
 import hmac
 import logging
-import secrets
 from typing import Annotated
 from urllib.parse import urlencode
 
-import httpx
 from fastapi import APIRouter, Cookie, HTTPException, Query, Request, status
 from fastapi.responses import RedirectResponse
+from jupyterhub.services.auth import HubOAuth
+from tornado.web import HTTPError as TornadoHTTPError
 
 from .auth import TOKEN_COOKIE
 
@@ -36,47 +34,36 @@ STATE_COOKIE = "gpupool-oauth-state"
 
 
 class BrowserLogin:
-    """The OAuth client of one service process."""
+    """The pages' OAuth client: :class:`HubOAuth` for the protocol, cookies scoped to the service's prefix."""
 
-    def __init__(
-        self,
-        *,
-        client_id: str,
-        client_secret: str,
-        hub_api_url: str,
-        hub_prefix: str,
-        service_prefix: str,
-        timeout: float = 10.0,
-    ) -> None:
-        self.client_id = client_id
-        self.client_secret = client_secret
-        self.token_url = hub_api_url.rstrip("/") + "/oauth2/token"
-        self.authorize_url = hub_prefix.rstrip("/") + "/api/oauth2/authorize"
+    def __init__(self, hub_oauth: HubOAuth, service_prefix: str) -> None:
+        self.hub_oauth = hub_oauth
         self.prefix = "/" + service_prefix.strip("/") + "/"
         self.redirect_uri = self.prefix + "oauth_callback"  # JupyterHub's default for a service's client
-        self._client = httpx.AsyncClient(timeout=timeout)
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
     def start(self, request: Request) -> RedirectResponse:
         """Send the browser to the hub to log in, to come back to the page it asked for."""
-        state = secrets.token_urlsafe(24)
+        verifier, challenge, method = self.hub_oauth.generate_pkce_code_challenge()
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        state = self.hub_oauth.generate_state(next_url=target, code_verifier=verifier)
         query = urlencode(
             {
-                "client_id": self.client_id,
+                "client_id": self.hub_oauth.oauth_client_id,
                 "redirect_uri": self.redirect_uri,
                 "response_type": "code",
                 "state": state,
+                "code_challenge": challenge,
+                "code_challenge_method": method,
             }
         )
-        response = RedirectResponse(f"{self.authorize_url}?{query}", status.HTTP_302_FOUND)
-        # the state binds the callback to this browser; the page to return to rides along with it
+        response = RedirectResponse(
+            f"{self.hub_oauth.oauth_authorization_url}?{query}", status.HTTP_302_FOUND
+        )
+        # the state binds the callback to this browser; HubOAuth keeps the page to return to and the verifier
         response.set_cookie(
             STATE_COOKIE,
-            f"{state}|{target}",
-            max_age=600,
+            state,
+            max_age=self.hub_oauth.oauth_state_max_age,
             path=self.prefix,
             httponly=True,
             samesite="lax",
@@ -88,41 +75,27 @@ class BrowserLogin:
         self, request: Request, code: str, state: str, remembered: str | None
     ) -> RedirectResponse:
         """The callback: check the state, trade the code for a token, keep it in a cookie, go back."""
-        expected, _, target = (remembered or "").partition("|")
-        if not expected or not hmac.compare_digest(expected, state):
+        verifier = self.hub_oauth.get_code_verifier(state)
+        if not remembered or not hmac.compare_digest(remembered, state) or verifier is None:
             raise HTTPException(
                 status.HTTP_400_BAD_REQUEST,
                 "the login's state does not match this browser's (expired or started elsewhere); "
                 "open the page again",
             )
+        target = self.hub_oauth.get_next_url(state)
+        self.hub_oauth.clear_oauth_state(state)
         try:
-            answer = await self._client.post(
-                self.token_url,
-                data={
-                    "client_id": self.client_id,
-                    "client_secret": self.client_secret,
-                    "grant_type": "authorization_code",
-                    "code": code,
-                    "redirect_uri": self.redirect_uri,
-                },
-            )
-        except httpx.HTTPError as error:
+            token = await self.hub_oauth.token_for_code(code, code_verifier=verifier, sync=False)
+        except TornadoHTTPError as error:
+            log.warning("the hub refused the login code: %s", error.log_message)
             raise HTTPException(
-                status.HTTP_502_BAD_GATEWAY, f"cannot reach JupyterHub to finish the login: {error}"
+                status.HTTP_403_FORBIDDEN, "JupyterHub did not accept the login; try again"
             ) from error
-        if answer.status_code != 200 or "access_token" not in answer.json():
-            log.warning("the hub refused the login code: %s %s", answer.status_code, answer.text[:300])
-            raise HTTPException(status.HTTP_403_FORBIDDEN, "JupyterHub did not accept the login; try again")
         if not target.startswith(self.prefix):  # never an open redirect
             target = self.prefix
         response = RedirectResponse(target, status.HTTP_302_FOUND)
         response.set_cookie(
-            TOKEN_COOKIE,
-            str(answer.json()["access_token"]),
-            path=self.prefix,
-            httponly=True,
-            samesite="lax",
-            secure=_secure(request),
+            TOKEN_COOKIE, str(token), path=self.prefix, httponly=True, samesite="lax", secure=_secure(request)
         )
         response.delete_cookie(STATE_COOKIE, path=self.prefix)
         return response

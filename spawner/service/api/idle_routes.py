@@ -25,26 +25,21 @@ and reporting culls needs ``custom:gpupool:admin`` or ``custom:gpupool:leases`` 
 
 # No ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
 import asyncio
-import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Literal, get_args
+from dataclasses import asdict
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, status
+from fastapi import APIRouter, HTTPException, Query, status
 from pydantic import BaseModel, Field
 
-from ...pool.profiles import Profile
-from ...telemetry.activity import DEFAULT_THRESHOLD_PERCENT, ActivityTracker
-from ..leasing.lease_manager import LeaseManager
-from ..store.lease_store import Lease, LeaseNotFound, LeaseState
+from ...pool.leases import Lease
+from ...telemetry.activity import ActivityTracker
+from ..leasing.culls import CullLimit, CullWarning
 from ..telemetry.telemetry_loop import Telemetry
-from .auth import Authenticator, Caller
+from .auth import Caller
+from .context import CallerDep, PartsDep, ServiceParts, require_manager
 
 log = logging.getLogger(__name__)
-
-SERVICE_PREFIX = "/services/gpupool/"
 
 
 class WarningIn(BaseModel):
@@ -57,10 +52,6 @@ class WarningIn(BaseModel):
     reason: str = Field(min_length=1, description="why, in words a user reads")
 
 
-CullLimit = Literal["idle_timeout", "gpu_idle_timeout", "max_lifetime"]  # the profile limits a cull reaches
-CULL_LIMITS: tuple[str, ...] = get_args(CullLimit)
-
-
 class CullIn(BaseModel):
     """``POST culls``: the culler says it is stopping a server now, and which limit it reached."""
 
@@ -71,195 +62,123 @@ class CullIn(BaseModel):
     reason: str = Field(min_length=1, description="why, in words a user reads")
 
 
-@dataclass(frozen=True)
-class CullWarning:
-    user: str
-    server: str
-    lease_id: str | None
-    cull_at: float
-    reason: str
-    warned_at: float
+router = APIRouter()
 
 
-class Warnings:
-    """Pending cull warnings by (user, server); one per server, the newest wins."""
+def activity_of(parts: ServiceParts, lease: Lease) -> dict[str, Any]:
+    """A lease's GPU activity as the culler reads it, with its profile's limits."""
+    telemetry, tracker = parts.telemetry, parts.tracker
+    tracker.fold(telemetry.history)
+    now = parts.clock()
+    # a reading older than a few sampling periods means the sampler stopped: unknown, not idle
+    stale_after = max(15.0, 5 * telemetry.interval) if telemetry.interval > 0 else -1.0
+    since = lease.granted_at if lease.granted_at is not None else lease.created_at
+    gpu = tracker.activity([g.uuid for g in lease.devices], since=since, now=now, stale_after=stale_after)
+    profile = parts.profile(lease.profile)
+    return {
+        "lease_id": lease.id,
+        "state": lease.state.value,
+        "user": lease.user,
+        "owner_kind": lease.owner_kind,
+        "owner_name": lease.owner_name,
+        "profile": lease.profile,
+        "granted_at": lease.granted_at,
+        "devices": [g.uuid for g in lease.devices],
+        "limits": {
+            "idle_timeout": profile.idle_timeout if profile else None,
+            "gpu_idle_timeout": profile.gpu_idle_timeout if profile else None,
+            "max_lifetime": profile.max_lifetime if profile else None,
+        },
+        "gpu": {
+            "state": gpu.state.value,
+            "idle_seconds": gpu.idle_seconds,
+            "last_busy_at": gpu.last_busy_at,
+            "threshold_percent": tracker.threshold,
+            "simulated": telemetry.simulated,
+        },
+        "time": now,
+    }
 
-    def __init__(self, manager: LeaseManager, *, keep_after_cull: float = 600.0) -> None:
-        self.manager = manager
-        self.keep_after_cull = keep_after_cull
-        self._warnings: dict[tuple[str, str], CullWarning] = {}
 
-    def put(self, warning: CullWarning) -> None:
-        self._warnings[(warning.user, warning.server)] = warning
-
-    def get(self, user: str, server: str) -> CullWarning | None:
-        return self._warnings.get((user, server))
-
-    def withdraw(self, user: str, server: str) -> bool:
-        return self._warnings.pop((user, server), None) is not None
-
-    def pending(self, now: float, user: str | None = None) -> list[CullWarning]:
-        """The warnings still in force (their lease active, or none named and not long past), oldest first."""
-        for key, warning in list(self._warnings.items()):
-            if self._ended(warning, now):
-                del self._warnings[key]
-        found = [w for w in self._warnings.values() if user is None or w.user == user]
-        return sorted(found, key=lambda w: w.warned_at)
-
-    def _ended(self, warning: CullWarning, now: float) -> bool:
-        if warning.lease_id is None:
-            return now > warning.cull_at + self.keep_after_cull
-        try:
-            return self.manager.get(warning.lease_id).state is LeaseState.RELEASED
-        except LeaseNotFound:
-            return True
+def _may_see(caller: Caller, user: str, what: str) -> None:
+    if not caller.may_see(user):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, f"{what} of {user} are theirs and admins' to read, not {caller.name}'s"
+        )
 
 
-def idle_router(
-    manager: LeaseManager,
-    telemetry: Telemetry,
-    auth: Authenticator,
-    profiles: Sequence[Profile],
-    *,
-    prefix: str = SERVICE_PREFIX,
-    threshold: float = DEFAULT_THRESHOLD_PERCENT,
-    clock: Callable[[], float] = time.time,
-    warnings: Warnings | None = None,
-) -> APIRouter:
-    """The routes, to ``app.include_router`` next to the telemetry router (same ``prefix``).
+@router.get("/activity/leases/{lease_id}", summary="A lease's GPU activity and its profile's limits")
+async def lease_activity(lease_id: str, parts: PartsDep, caller: CallerDep) -> dict[str, Any]:
+    lease = parts.manager.get(lease_id)
+    _may_see(caller, lease.user, "leases")
+    return activity_of(parts, lease)
 
-    Its lifespan folds the telemetry history into the activity tracker every few seconds, so a GPU's idle time
-    can outgrow the history's window (a 30-minute ``gpu_idle_timeout`` against a 10-minute window).
-    """
-    base = "/" + prefix.strip("/") + "/api/v1"
-    tracker = ActivityTracker(threshold)
-    warnings = warnings if warnings is not None else Warnings(manager)
-    by_slug = {p.slug: p for p in profiles}
-    fold_every = min(30.0, telemetry.history.window_seconds / 4)
 
-    @contextlib.asynccontextmanager
-    async def folding(_app: FastAPI) -> AsyncIterator[None]:
-        async def loop() -> None:
-            while True:
-                tracker.fold(telemetry.history)
-                await asyncio.sleep(fold_every)
+@router.get(
+    "/activity/users/{user}", summary="The GPU activity of a user's server (its active lease) and limits"
+)
+async def server_activity(
+    user: str,
+    parts: PartsDep,
+    caller: CallerDep,
+    server: Annotated[str, Query(description="the server's name; empty for the default")] = "",
+) -> dict[str, Any]:
+    _may_see(caller, user, "servers")
+    leases = [
+        lease
+        for lease in parts.manager.leases_for(user, active_only=True)
+        if lease.owner_kind == "server" and lease.owner_name == server
+    ]
+    if not leases:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{user}'s server {server!r} holds no active lease")
+    return activity_of(parts, leases[-1])
 
-        task = asyncio.create_task(loop(), name="gpupool-activity")
-        try:
-            yield
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
-    router = APIRouter(prefix=base, lifespan=folding)
-    CallerDep = Annotated[Caller, Depends(auth)]
+@router.post("/warnings", status_code=status.HTTP_201_CREATED, summary="Record a cull warning")
+async def post_warning(body: WarningIn, parts: PartsDep, caller: CallerDep) -> dict[str, Any]:
+    require_manager(caller, "record cull warnings")
+    # a new reason for the same lease keeps the time of the first warning: the user has known since then
+    before = parts.culls.get(body.user, body.server)
+    warned_at = before.warned_at if before is not None and before.lease_id == body.lease_id else parts.clock()
+    warning = CullWarning(body.user, body.server, body.lease_id, body.cull_at, body.reason, warned_at)
+    parts.culls.put(warning)
+    return asdict(warning)
 
-    def activity_of(lease: Lease) -> dict[str, Any]:
+
+@router.post("/culls", status_code=status.HTTP_204_NO_CONTENT, summary="Record that a server is culled")
+async def post_cull(body: CullIn, parts: PartsDep, caller: CallerDep) -> None:
+    require_manager(caller, "report culls")
+    parts.culls.counts[body.limit] += 1
+    log.info("%s/%s (lease %s) culled: %s", body.user, body.server, body.lease_id, body.reason)
+
+
+@router.get("/warnings", summary="Pending cull warnings: the caller's own, or a user's, or all (admins)")
+async def get_warnings(
+    parts: PartsDep,
+    caller: CallerDep,
+    user: Annotated[str | None, Query(description="whose; default the caller's own")] = None,
+) -> list[dict[str, Any]]:
+    if user is not None:
+        _may_see(caller, user, "warnings")
+    elif not caller.sees_everyone:
+        user = caller.name
+    return [asdict(w) for w in parts.culls.pending(parts.clock(), user)]
+
+
+@router.delete(
+    "/warnings/{user}", status_code=status.HTTP_204_NO_CONTENT, summary="Withdraw a server's cull warning"
+)
+async def delete_warning(
+    user: str, parts: PartsDep, caller: CallerDep, server: Annotated[str, Query()] = ""
+) -> None:
+    require_manager(caller, "withdraw cull warnings")
+    parts.culls.withdraw(user, server)
+
+
+async def fold_activity_forever(tracker: ActivityTracker, telemetry: Telemetry) -> None:
+    """Fold the telemetry history into ``tracker`` every few seconds, so a GPU's idle time can outgrow the
+    history's window (a 30-minute ``gpu_idle_timeout`` against a 10-minute window)."""
+    every = min(30.0, telemetry.history.window_seconds / 4)
+    while True:
         tracker.fold(telemetry.history)
-        now = clock()
-        # a reading older than a few sampling periods means the sampler stopped: unknown, not idle
-        stale_after = max(15.0, 5 * telemetry.interval) if telemetry.interval > 0 else -1.0
-        since = lease.granted_at if lease.granted_at is not None else lease.created_at
-        gpu = tracker.activity([g.uuid for g in lease.devices], since=since, now=now, stale_after=stale_after)
-        profile = by_slug.get(lease.profile)
-        return {
-            "lease_id": lease.id,
-            "state": lease.state.value,
-            "user": lease.user,
-            "owner_kind": lease.owner_kind,
-            "owner_name": lease.owner_name,
-            "profile": lease.profile,
-            "granted_at": lease.granted_at,
-            "devices": [g.uuid for g in lease.devices],
-            "limits": {
-                "idle_timeout": profile.idle_timeout if profile else None,
-                "gpu_idle_timeout": profile.gpu_idle_timeout if profile else None,
-                "max_lifetime": profile.max_lifetime if profile else None,
-            },
-            "gpu": {
-                "state": gpu.state.value,
-                "idle_seconds": gpu.idle_seconds,
-                "last_busy_at": gpu.last_busy_at,
-                "threshold_percent": tracker.threshold,
-                "simulated": telemetry.simulated,
-            },
-            "time": now,
-        }
-
-    def may_see(caller: Caller, user: str, what: str) -> None:
-        if not caller.may_see(user):
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN,
-                f"{what} of {user} are theirs and admins' to read, not {caller.name}'s",
-            )
-
-    def must_manage(caller: Caller) -> None:
-        if not (caller.is_admin or caller.acts_for_others):
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN,
-                f"{caller.kind} {caller.name} may not record cull warnings: they need custom:gpupool:admin "
-                "or custom:gpupool:leases",
-            )
-
-    @router.get("/activity/leases/{lease_id}", summary="A lease's GPU activity and its profile's limits")
-    async def lease_activity(lease_id: str, caller: CallerDep) -> dict[str, Any]:
-        lease = manager.get(lease_id)
-        may_see(caller, lease.user, "leases")
-        return activity_of(lease)
-
-    @router.get(
-        "/activity/users/{user}", summary="The GPU activity of a user's server (its active lease) and limits"
-    )
-    async def server_activity(
-        user: str,
-        caller: CallerDep,
-        server: Annotated[str, Query(description="the server's name; empty for the default")] = "",
-    ) -> dict[str, Any]:
-        may_see(caller, user, "servers")
-        leases = [
-            lease
-            for lease in manager.leases_for(user, active_only=True)
-            if lease.owner_kind == "server" and lease.owner_name == server
-        ]
-        if not leases:
-            raise HTTPException(
-                status.HTTP_404_NOT_FOUND, f"{user}'s server {server!r} holds no active lease"
-            )
-        return activity_of(leases[-1])
-
-    @router.post("/warnings", status_code=status.HTTP_201_CREATED, summary="Record a cull warning")
-    async def post_warning(body: WarningIn, caller: CallerDep) -> dict[str, Any]:
-        must_manage(caller)
-        # a new reason for the same lease keeps the time of the first warning: the user has known since then
-        before = warnings.get(body.user, body.server)
-        warned_at = before.warned_at if before is not None and before.lease_id == body.lease_id else clock()
-        warning = CullWarning(body.user, body.server, body.lease_id, body.cull_at, body.reason, warned_at)
-        warnings.put(warning)
-        return asdict(warning)
-
-    @router.post("/culls", status_code=status.HTTP_204_NO_CONTENT, summary="Record that a server is culled")
-    async def post_cull(body: CullIn, caller: CallerDep) -> None:
-        must_manage(caller)
-        manager.culls[body.limit] += 1
-        log.info("%s/%s (lease %s) culled: %s", body.user, body.server, body.lease_id, body.reason)
-
-    @router.get("/warnings", summary="Pending cull warnings: the caller's own, or a user's, or all (admins)")
-    async def get_warnings(
-        caller: CallerDep,
-        user: Annotated[str | None, Query(description="whose; default the caller's own")] = None,
-    ) -> list[dict[str, Any]]:
-        everyone = caller.is_admin or caller.acts_for_others
-        if user is not None:
-            may_see(caller, user, "warnings")
-        elif not everyone:
-            user = caller.name
-        return [asdict(w) for w in warnings.pending(clock(), user)]
-
-    @router.delete(
-        "/warnings/{user}", status_code=status.HTTP_204_NO_CONTENT, summary="Withdraw a server's cull warning"
-    )
-    async def delete_warning(user: str, caller: CallerDep, server: Annotated[str, Query()] = "") -> None:
-        must_manage(caller)
-        warnings.withdraw(user, server)
-
-    return router
+        await asyncio.sleep(every)

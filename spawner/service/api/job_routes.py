@@ -1,4 +1,4 @@
-"""The jobs API: submit, list, read, follow the log of, and cancel training jobs; and the admin's fault switch.
+"""The jobs API: submit, list, read, follow the log of, and cancel training jobs.
 
 Mounted by :func:`.app.create_app` beside the lease routes, with the same conventions: every error is a
 ``Problem``; 400 names the field (an empty command, a working directory outside the home, an unknown profile,
@@ -6,132 +6,113 @@ a runtime over the profile's limit); 403 for a job of another user (whose it is 
 user's groups may not use, a quota or the cap on queued jobs (``quota_exceeded``), and a user with no system
 account to run as; 404 for no such job; 409 for a ``submission_id`` reused for a different job. Users see
 and touch only their own jobs; admins (``custom:gpupool:admin``) and the hub (``custom:gpupool:leases``) see
-all. This module has no ``from __future__ import annotations``: FastAPI resolves ``caller`` at run time.
+all. This module has no ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Annotated, Any
+from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response, status
+from fastapi import APIRouter, FastAPI, HTTPException, Request, Response, status
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ...pool.devices import Health
 from ...pool.profiles import find_profile
 from ..jobs.job_manager import JobManager, Submission, SubmissionConflict, TooManyQueuedJobs
 from ..jobs.processes import NoSystemAccount
 from ..jobs.submission import InvalidJob
 from ..store.job_store import JobNotFound
 from .auth import Caller
-from .models import FaultOut, FaultRequest, JobOut, JobRequest, Problem
+from .context import CallerDep, PartsDep
+from .models import JobOut, JobRequest, Problem
 
 _STREAM_POLL = 0.2  # seconds between looks at a followed log
 
+router = APIRouter()
 
-def jobs_router(jobs: JobManager, auth: Callable[..., Coroutine[Any, Any, Caller]], prefix: str) -> APIRouter:
-    """The job and fault routes under ``prefix`` (``…/api/v1``), authenticated by the ``auth`` dependency."""
-    errors: dict[int | str, dict[str, Any]] = {code: {"model": Problem} for code in (400, 401, 403, 404, 409)}
-    router = APIRouter(prefix=prefix, responses=errors)
-    CallerDep = Annotated[Caller, Depends(auth)]
 
-    def out(job_id: str) -> JobOut:
-        job = jobs.get(job_id)
-        return JobOut.from_job(job, jobs.lease_of(job), jobs.position(job))
+def _out(jobs: JobManager, job_id: str) -> JobOut:
+    job = jobs.get(job_id)
+    return JobOut.from_job(job, jobs.lease_of(job), jobs.position(job))
 
-    def visible(caller: Caller, job_id: str) -> str:
-        job = jobs.get(job_id)
-        caller.check_may_see(job.user, f"job {job_id}")
-        return job.id
 
-    @router.post("/jobs", status_code=status.HTTP_201_CREATED, summary="Submit a job (queued until it runs)")
-    async def post_job(body: JobRequest, caller: CallerDep, response: Response) -> JobOut:
-        if caller.kind != "user":
-            raise HTTPException(status.HTTP_403_FORBIDDEN, "jobs run as a user; submit with a user's token")
-        profile = find_profile(jobs.profiles, body.profile)
-        if not profile.visible_to(caller.groups, caller.is_admin):
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN,
-                f"profile: only members of {' or '.join(sorted(profile.groups))} may use {profile.slug}",
-            )
-        ask = Submission(
-            profile=body.profile,
-            command=body.command,
-            name=body.name,
-            working_dir=body.working_dir,
-            env=body.env,
-            max_runtime=body.max_runtime,
-            priority_class=body.priority_class,
-            retries=body.retries,
-            submission_id=body.submission_id,
+def _visible(jobs: JobManager, caller: Caller, job_id: str) -> str:
+    job = jobs.get(job_id)
+    caller.check_may_see(job.user, f"job {job_id}")
+    return job.id
+
+
+@router.post("/jobs", status_code=status.HTTP_201_CREATED, summary="Submit a job (queued until it runs)")
+async def post_job(body: JobRequest, parts: PartsDep, caller: CallerDep, response: Response) -> JobOut:
+    jobs = parts.jobs
+    if caller.kind != "user":
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "jobs run as a user; submit with a user's token")
+    profile = find_profile(jobs.profiles, body.profile)
+    if not profile.visible_to(caller.groups, caller.is_admin):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"profile: only members of {' or '.join(sorted(profile.groups))} may use {profile.slug}",
         )
-        job, created = jobs.submit(caller.name, caller.groups, ask, is_admin=caller.is_admin)
-        if not created:
-            response.status_code = status.HTTP_200_OK
-        return out(job.id)
-
-    @router.get("/jobs", summary="The caller's jobs; every job (or one user's) for admins and the hub")
-    async def list_jobs(caller: CallerDep, user: str | None = None) -> list[JobOut]:
-        sees_all = caller.is_admin or caller.acts_for_others
-        if user is not None and user != caller.name and not sees_all:
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN, f"user: {caller.name} may list only their own jobs"
-            )
-        found = jobs.all_jobs() if user is None and sees_all else jobs.jobs_for(user or caller.name)
-        return [JobOut.from_job(job, jobs.lease_of(job), jobs.position(job)) for job in found]
-
-    @router.get("/jobs/{job_id}", summary="One job, with its history")
-    async def get_job(job_id: str, caller: CallerDep) -> JobOut:
-        return out(visible(caller, job_id))
-
-    @router.get(
-        "/jobs/{job_id}/logs",
-        summary="The job's output; with follow=true, streamed until the job ends",
-        response_class=StreamingResponse,
-        responses={200: {"content": {"text/plain": {}}}},
+    ask = Submission(
+        profile=body.profile,
+        command=body.command,
+        name=body.name,
+        working_dir=body.working_dir,
+        env=body.env,
+        max_runtime=body.max_runtime,
+        priority_class=body.priority_class,
+        retries=body.retries,
+        submission_id=body.submission_id,
     )
-    async def get_logs(job_id: str, caller: CallerDep, follow: bool = False, offset: int = 0) -> Response:
-        visible(caller, job_id)
-        if offset < 0:
-            raise HTTPException(status.HTTP_400_BAD_REQUEST, "offset: must be 0 or more")
-        if not follow:
-            return Response(_read_all(jobs, job_id, offset), media_type="text/plain; charset=utf-8")
-        return StreamingResponse(_follow(jobs, job_id, offset), media_type="text/plain; charset=utf-8")
+    job, created = jobs.submit(caller.name, caller.groups, ask, is_admin=caller.is_admin)
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return _out(jobs, job.id)
 
-    @router.delete(
-        "/jobs/{job_id}", summary="Cancel a job; it answers once the job has stopped (or its grace ran out)"
-    )
-    async def delete_job(job_id: str, caller: CallerDep) -> JobOut:
-        visible(caller, job_id)
-        job = jobs.cancel(job_id, f"{caller.kind} {caller.name}")
-        deadline = asyncio.get_running_loop().time() + jobs.grace + 5
-        while not job.state.finished and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.05)
-            job = jobs.get(job_id)
-        return out(job_id)
 
-    @router.post(
-        "/admin/faults", summary="Mark a node or a GPU unhealthy; jobs on it are stopped and requeued"
-    )
-    async def post_fault(body: FaultRequest, caller: CallerDep) -> FaultOut:
-        if not caller.is_admin:
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN, "only a token with custom:gpupool:admin may inject faults"
-            )
-        try:
-            stopped = jobs.fault(body.node, body.gpu_index)
-        except KeyError as error:
-            field = "gpu_index" if body.gpu_index is not None and "GPU" in str(error) else "node"
-            raise _JobProblem(
-                400, "invalid_request", f"{field}: no such {field} ({error.args[0]})", field
-            ) from None
-        return FaultOut(
-            node=body.node,
-            gpu_index=body.gpu_index,
-            health=Health.UNHEALTHY.value,
-            stopped_jobs=[job.id for job in stopped],
-        )
+@router.get("/jobs", summary="The caller's jobs; every job (or one user's) for admins and the hub")
+async def list_jobs(parts: PartsDep, caller: CallerDep, user: str | None = None) -> list[JobOut]:
+    jobs = parts.jobs
+    if user is not None and user != caller.name and not caller.sees_everyone:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"user: {caller.name} may list only their own jobs")
+    found = jobs.all_jobs() if user is None and caller.sees_everyone else jobs.jobs_for(user or caller.name)
+    return [JobOut.from_job(job, jobs.lease_of(job), jobs.position(job)) for job in found]
 
-    return router
+
+@router.get("/jobs/{job_id}", summary="One job, with its history")
+async def get_job(job_id: str, parts: PartsDep, caller: CallerDep) -> JobOut:
+    jobs = parts.jobs
+    return _out(jobs, _visible(jobs, caller, job_id))
+
+
+@router.get(
+    "/jobs/{job_id}/logs",
+    summary="The job's output; with follow=true, streamed until the job ends",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/plain": {}}}},
+)
+async def get_logs(
+    job_id: str, parts: PartsDep, caller: CallerDep, follow: bool = False, offset: int = 0
+) -> Response:
+    jobs = parts.jobs
+    _visible(jobs, caller, job_id)
+    if offset < 0:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "offset: must be 0 or more")
+    if not follow:
+        return Response(_read_all(jobs, job_id, offset), media_type="text/plain; charset=utf-8")
+    return StreamingResponse(_follow(jobs, job_id, offset), media_type="text/plain; charset=utf-8")
+
+
+@router.delete(
+    "/jobs/{job_id}", summary="Cancel a job; it answers once the job has stopped (or its grace ran out)"
+)
+async def delete_job(job_id: str, parts: PartsDep, caller: CallerDep) -> JobOut:
+    jobs = parts.jobs
+    _visible(jobs, caller, job_id)
+    job = jobs.cancel(job_id, f"{caller.kind} {caller.name}")
+    deadline = asyncio.get_running_loop().time() + jobs.grace + 5
+    while not job.state.finished and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+        job = jobs.get(job_id)
+    return _out(jobs, job_id)
 
 
 def _read_all(jobs: JobManager, job_id: str, offset: int) -> bytes:

@@ -12,9 +12,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ...pool.jobs import Job
+from ...pool.leases import Lease
 from ...pool.profiles import Profile, parse_duration
 from ...pool.state import Grant
-from ..store.lease_store import Lease, request_to_json
+from ..store.lease_store import request_to_json
 
 
 class LeaseRequest(BaseModel):
@@ -258,23 +259,3 @@ class JobOut(BaseModel):
             finished_at=job.finished_at,
             history=[TransitionOut(state=t.state.value, at=t.at, reason=t.reason) for t in job.history],
         )
-
-
-class FaultRequest(BaseModel):
-    """``POST admin/faults``: mark a node, or one GPU on it, unhealthy (the simulated backend's fault)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    node: str = Field(min_length=1, max_length=253)
-    gpu_index: int | None = Field(
-        default=None, ge=0, description="the GPU's index; leave out for the whole node"
-    )
-
-
-class FaultOut(BaseModel):
-    node: str
-    gpu_index: int | None
-    health: str
-    stopped_jobs: list[str] = Field(
-        description="jobs stopped to be requeued (or failed, with no retries left)"
-    )

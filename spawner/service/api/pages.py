@@ -2,7 +2,7 @@
 
 An administrator (``custom:gpupool:admin``) sees the pool as nodes → GPUs → MIG slices and shares with who
 holds what and each device's health, a utilisation heat map from the latest samples, the queue, and the held
-devices that have been idle (below ``idle_threshold`` percent for at least ``idle_after`` seconds, up to
+devices that have been idle (below :data:`IDLE_THRESHOLD` percent for at least ``idle_after`` seconds, up to
 now). Any other user with access to the service sees their own leases, their devices' latest readings, their
 idle devices and their GPU-hours held against used.
 
@@ -15,30 +15,29 @@ seconds from the same address.
 ``GET {prefix}my/warnings`` answers the caller's pending cull warnings as JSON for the hub's home page
 (``hub_config/templates/home.html``), through the same login.
 
+:data:`router` holds ``GET /`` and ``GET /my/warnings``; the app includes it under the prefix (without its
+trailing slash), and includes the login's own router (its OAuth callback) beside it. What the pages read
+(manager, telemetry, usage, culls, login, ``idle_after``, clock) comes from :class:`.context.ServiceParts`.
+
 Pure HTML building lives in :mod:`.page_html`; :func:`held_idle` is the idle finder, pure too.
 """
 
 # No ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
-import contextlib
 import html
-import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any, Protocol
 
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response, status
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from ...inventory import describe_pool
+from ...pool.leases import Lease, LeaseState
 from ...telemetry.aggregates import DEFAULT_USED_THRESHOLD, MinuteAggregate
 from ...telemetry.samples import Sample
-from ..leasing.lease_manager import LeaseManager, describe
-from ..store.lease_store import Lease, LeaseState
-from ..store.usage_store import UsageStore
-from ..telemetry.telemetry_loop import Telemetry
-from .auth import TOKEN_COOKIE, Authenticator, Caller
-from .browser_login import BrowserLogin
-from .idle_routes import Warnings
+from ..leasing.lease_manager import describe
+from .auth import TOKEN_COOKIE, Caller
+from .context import PartsDep, ServiceParts
 from .page_html import (
     IdleDevice,
     QueuedLease,
@@ -52,6 +51,8 @@ from .page_html import (
     summary_line,
     usage_table,
 )
+
+IDLE_THRESHOLD = DEFAULT_USED_THRESHOLD  # percent: the pages call a held device idle below this utilisation
 
 
 @dataclass(frozen=True)
@@ -138,137 +139,139 @@ def holder_name(lease: Lease) -> str:
     return f"{lease.user}/{lease.owner_name}" if lease.owner_name else lease.user
 
 
-def dashboard_router(
-    manager: LeaseManager,
-    telemetry: Telemetry,
-    auth: Authenticator,
-    *,
-    prefix: str = "/services/gpupool/",
-    backend: str = "",
-    source: str = "",
-    idle_threshold: float = DEFAULT_USED_THRESHOLD,
-    idle_after: float = 60.0,
-    clock: Callable[[], float] = time.time,
-    login: BrowserLogin | None = None,
-    warnings: Warnings | None = None,
-    usage: UsageStore,
-) -> APIRouter:
-    """``GET {prefix}``: the admin dashboard or the caller's own page (its GPU-hours are the stored ones
-    ``GET usage`` reports), and ``GET {prefix}my/warnings`` (the
-    caller's pending cull warnings, for the hub's home page); to ``app.include_router``. With ``login``, a
-    browser without a token is sent through the hub's OAuth first (and the callback route is added)."""
-    base = "/" + prefix.strip("/")
+router = APIRouter()
 
-    def my_usage(user: str) -> list[tuple[str, float, float, float]]:
-        return [
-            (r.profile, r.gpu_hours_held, r.gpu_hours_used, r.gpu_hours_unknown)
-            for r in usage.report(0, clock() + 60, user=user)
-        ]
 
-    @contextlib.asynccontextmanager
-    async def closing(_app: FastAPI) -> AsyncIterator[None]:
-        yield
-        if login is not None:
-            await login.aclose()
+async def browser_caller(
+    request: Request,
+    parts: PartsDep,
+    token: Annotated[str | None, Query(description="a JupyterHub API token")] = None,
+    authorization: Annotated[str | None, Header()] = None,
+) -> Caller | None:
+    """The caller, or None when the browser must log in first (no credentials, and a login to send it to)."""
+    login = parts.login
+    if token:
+        authorization = f"token {token}"
+    if login is not None and authorization is None and not request.cookies.get(TOKEN_COOKIE):
+        return None
+    try:
+        return await parts.auth.caller(request, authorization)
+    except HTTPException as error:
+        if error.status_code == status.HTTP_403_FORBIDDEN and login is not None and not authorization:
+            return None  # the cookie's token expired or was revoked: log in again
+        raise
 
-    router = APIRouter(lifespan=closing)
-    if login is not None:
-        router.include_router(login.router())
 
-    async def browser_caller(
-        request: Request,
-        token: Annotated[str | None, Query(description="a JupyterHub API token")] = None,
-        authorization: Annotated[str | None, Header()] = None,
-    ) -> Caller | None:
-        """The caller, or None when the browser must log in first (no credentials, and a login to send it to)."""
-        if token:
-            authorization = f"token {token}"
-        if login is not None and authorization is None and not request.cookies.get(TOKEN_COOKIE):
-            return None
-        try:
-            return await auth(request, authorization)
-        except HTTPException as error:
-            if error.status_code == status.HTTP_403_FORBIDDEN and login is not None and not authorization:
-                return None  # the cookie's token expired or was revoked: log in again
-            raise
+BrowserCaller = Annotated[Caller | None, Depends(browser_caller)]
 
-    BrowserCaller = Annotated[Caller | None, Depends(browser_caller)]
 
-    def log_in(request: Request) -> Response:
-        assert login is not None  # browser_caller says "log in" only when there is a login
-        return login.start(request)
+@router.get("/my/warnings", include_in_schema=False)
+async def my_warnings(request: Request, parts: PartsDep, caller: BrowserCaller) -> Response:
+    """The caller's pending cull warnings, for the hub's home page."""
+    if caller is None:
+        return _log_in(parts, request)
+    return JSONResponse([asdict(w) for w in parts.culls.pending(parts.clock(), caller.name)])
 
-    def gather() -> tuple[dict[str, Any], list[Lease], dict[str, dict[str, Any]], list[IdleDevice]]:
-        pool = manager.inspect(lambda state: describe_pool(state, backend, source))
-        leases = manager.all_leases(active_only=True)
-        latest = {u: s.to_json() for u, s in telemetry.history.latest_all().items()}
-        labels = device_labels(pool)
-        held = [
-            HeldDevice(
-                g.uuid, labels.get(g.uuid, g.label), holder_name(lease), lease.id, lease.granted_at or 0
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+async def dashboard(request: Request, parts: PartsDep, caller: BrowserCaller) -> Response:
+    """The admin dashboard, or the caller's own page (its GPU-hours are the stored ones ``GET usage`` reports)."""
+    if caller is None:
+        return _log_in(parts, request)
+    view = _gather(parts)
+    telemetry = parts.telemetry
+    simulated = (
+        telemetry.simulated if telemetry.history.last_time is not None else parts.backend == "simulated"
+    )
+    if caller.is_admin:
+        return HTMLResponse(page("gpupool — pool", _admin_body(parts, view), simulated=simulated))
+    body = _user_body(parts, view, caller.name)
+    return HTMLResponse(page(f"gpupool — {caller.name}", body, simulated=simulated))
+
+
+def _log_in(parts: ServiceParts, request: Request) -> Response:
+    assert parts.login is not None  # browser_caller says "log in" only when there is a login
+    return parts.login.start(request)
+
+
+@dataclass(frozen=True)
+class _View:
+    """What both pages show, read once per request."""
+
+    pool: dict[str, Any]
+    leases: list[Lease]
+    latest: dict[str, dict[str, Any]]
+    idle: list[IdleDevice]
+    note: str  # how the idle sections' headings say "idle"
+
+
+def _gather(parts: ServiceParts) -> _View:
+    manager, telemetry = parts.manager, parts.telemetry
+    pool = manager.inspect(lambda state: describe_pool(state, parts.backend, parts.source))
+    leases = manager.all_leases(active_only=True)
+    latest = {u: s.to_json() for u, s in telemetry.history.latest_all().items()}
+    labels = device_labels(pool)
+    held = [
+        HeldDevice(g.uuid, labels.get(g.uuid, g.label), holder_name(lease), lease.id, lease.granted_at or 0)
+        for lease in leases
+        if lease.state is LeaseState.GRANTED
+        for g in lease.devices
+    ]
+    idle = held_idle(
+        held, telemetry.history, telemetry.minutes, threshold=IDLE_THRESHOLD, min_seconds=parts.idle_after
+    )
+    note = f"below {IDLE_THRESHOLD:g}% for at least {parts.idle_after / 60:g} min"
+    return _View(pool, leases, latest, idle, note)
+
+
+def _admin_body(parts: ServiceParts, view: _View) -> str:
+    """The whole pool: utilisation heat map, idle devices, the queue and the pool tree."""
+    users_of = {lease.id: holder_name(lease) for lease in view.leases}
+    now = parts.clock()
+    queue = sorted(
+        (
+            QueuedLease(
+                parts.manager.position(x.id) or 0,
+                x.user,
+                x.profile,
+                describe(x.request),
+                now - x.created_at,
+                x.id,
             )
-            for lease in leases
-            if lease.state is LeaseState.GRANTED
-            for g in lease.devices
-        ]
-        idle = held_idle(
-            held, telemetry.history, telemetry.minutes, threshold=idle_threshold, min_seconds=idle_after
+            for x in view.leases
+            if x.state is LeaseState.QUEUED
+        ),
+        key=lambda q: q.position,
+    )
+    return (
+        f'<p class="summary">{summary_line(view.pool["summary"])}</p>'
+        + section("Utilisation", heat_map(view.pool, view.latest), "heat")
+        + section(f"Held but idle ({view.note})", idle_list(view.idle, view.note), "idle")
+        + section("Queue", queue_table(queue), "queue")
+        + section("Pool", pool_tree(view.pool, users_of, view.latest), "pool")
+    )
+
+
+def _user_body(parts: ServiceParts, view: _View, user: str) -> str:
+    """One user's devices, their idle ones and their GPU-hours, then the pool's summary line."""
+    mine = [x for x in view.leases if x.user == user]
+    return (
+        section("My devices", _my_devices(mine, view.latest, device_labels(view.pool)), "mine")
+        + section(
+            f"Idle ({view.note})",
+            idle_list([i for i in view.idle if i.lease_id in {x.id for x in mine}], view.note),
+            "idle",
         )
-        return pool, leases, latest, idle
+        + section("My usage (GPU-hours)", usage_table(_my_usage(parts, user)), "usage")
+        + f'<p class="summary">{summary_line(view.pool["summary"])}</p>'
+    )
 
-    @router.get(f"{base}/my/warnings", include_in_schema=False)
-    async def my_warnings(request: Request, caller: BrowserCaller) -> Response:
-        if caller is None:
-            return log_in(request)
-        return JSONResponse([asdict(w) for w in warnings.pending(clock(), caller.name)] if warnings else [])
 
-    @router.get(f"{base}/", response_class=HTMLResponse, include_in_schema=False)
-    async def dashboard(request: Request, caller: BrowserCaller) -> Response:
-        if caller is None:
-            return log_in(request)
-        pool, leases, latest, idle = gather()
-        simulated = telemetry.simulated if telemetry.history.last_time is not None else backend == "simulated"
-        note = f"below {idle_threshold:g}% for at least {idle_after / 60:g} min"
-        if caller.is_admin:
-            users_of = {lease.id: holder_name(lease) for lease in leases}
-            now = clock()
-            queue = sorted(
-                (
-                    QueuedLease(
-                        manager.position(x.id) or 0,
-                        x.user,
-                        x.profile,
-                        describe(x.request),
-                        now - x.created_at,
-                        x.id,
-                    )
-                    for x in leases
-                    if x.state is LeaseState.QUEUED
-                ),
-                key=lambda q: q.position,
-            )
-            body = (
-                f'<p class="summary">{summary_line(pool["summary"])}</p>'
-                + section("Utilisation", heat_map(pool, latest), "heat")
-                + section(f"Held but idle ({note})", idle_list(idle, note), "idle")
-                + section("Queue", queue_table(queue), "queue")
-                + section("Pool", pool_tree(pool, users_of, latest), "pool")
-            )
-            return HTMLResponse(page("gpupool — pool", body, simulated=simulated))
-        mine = [x for x in leases if x.user == caller.name]
-        body = (
-            section("My devices", _my_devices(mine, latest, device_labels(pool)), "mine")
-            + section(
-                f"Idle ({note})",
-                idle_list([i for i in idle if i.lease_id in {x.id for x in mine}], note),
-                "idle",
-            )
-            + section("My usage (GPU-hours)", usage_table(my_usage(caller.name)), "usage")
-            + f'<p class="summary">{summary_line(pool["summary"])}</p>'
-        )
-        return HTMLResponse(page(f"gpupool — {caller.name}", body, simulated=simulated))
-
-    return router
+def _my_usage(parts: ServiceParts, user: str) -> list[tuple[str, float, float, float]]:
+    return [
+        (r.profile, r.gpu_hours_held, r.gpu_hours_used, r.gpu_hours_unknown)
+        for r in parts.usage.report(0, parts.clock() + 60, user=user)
+    ]
 
 
 def _my_devices(

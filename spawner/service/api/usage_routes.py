@@ -2,18 +2,13 @@
 
 Users see their own rows; admins (``custom:gpupool:admin``) every user's, or one user's with ``user=``. The
 span defaults to the last 30 days. This module has no ``from __future__ import annotations``: FastAPI
-resolves ``caller`` at run time.
+must evaluate the route signatures.
 """
 
-import time
-from collections.abc import Callable
-from typing import Annotated
-
-from fastapi import APIRouter, Depends, HTTPException, status
+from fastapi import APIRouter, HTTPException, status
 from pydantic import BaseModel, Field
 
-from ..store.usage_store import UsageStore
-from .auth import Authenticator, Caller
+from .context import CallerDep, PartsDep
 
 _DAY = 86400.0
 
@@ -27,36 +22,32 @@ class UsageOut(BaseModel):
     idle_share: float | None = Field(description="part of the known held hours that were idle")
 
 
-def usage_router(
-    usage: UsageStore, auth: Authenticator, *, prefix: str, clock: Callable[[], float] = time.time
-) -> APIRouter:
-    """The usage route under ``{prefix}api/v1``."""
-    router = APIRouter(prefix="/" + prefix.strip("/") + "/api/v1")
-    CallerDep = Annotated[Caller, Depends(auth)]
+router = APIRouter()
 
-    @router.get("/usage", summary="GPU-hours held and used, per user and profile")
-    async def get_usage(
-        caller: CallerDep, since: float | None = None, until: float | None = None, user: str | None = None
-    ) -> list[UsageOut]:
-        if user is not None and user != caller.name and not caller.is_admin:
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN, f"user: {caller.name} may read only their own usage"
-            )
-        end = until if until is not None else clock()
-        start = since if since is not None else end - 30 * _DAY
-        if start >= end:
-            raise HTTPException(status.HTTP_400_BAD_REQUEST, "since: must be before until")
-        who = user if user is not None else (None if caller.is_admin else caller.name)
-        return [
-            UsageOut(
-                user=row.user,
-                profile=row.profile,
-                gpu_hours_held=round(row.gpu_hours_held, 4),
-                gpu_hours_used=round(row.gpu_hours_used, 4),
-                gpu_hours_unknown=round(row.gpu_hours_unknown, 4),
-                idle_share=None if row.idle_share is None else round(row.idle_share, 4),
-            )
-            for row in usage.report(start, end, who)
-        ]
 
-    return router
+@router.get("/usage", summary="GPU-hours held and used, per user and profile")
+async def get_usage(
+    parts: PartsDep,
+    caller: CallerDep,
+    since: float | None = None,
+    until: float | None = None,
+    user: str | None = None,
+) -> list[UsageOut]:
+    if user is not None and user != caller.name and not caller.is_admin:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"user: {caller.name} may read only their own usage")
+    end = until if until is not None else parts.clock()
+    start = since if since is not None else end - 30 * _DAY
+    if start >= end:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "since: must be before until")
+    who = user if user is not None else (None if caller.is_admin else caller.name)
+    return [
+        UsageOut(
+            user=row.user,
+            profile=row.profile,
+            gpu_hours_held=round(row.gpu_hours_held, 4),
+            gpu_hours_used=round(row.gpu_hours_used, 4),
+            gpu_hours_unknown=round(row.gpu_hours_unknown, 4),
+            idle_share=None if row.idle_share is None else round(row.idle_share, 4),
+        )
+        for row in parts.usage.report(start, end, who)
+    ]

@@ -30,11 +30,11 @@ from dataclasses import dataclass, replace
 
 from ...pool.devices import Health
 from ...pool.jobs import DEFAULT_JOB_CLASS, Job, JobState, StopRequest, priority_of
+from ...pool.leases import Lease, LeaseState, new_lease_id
 from ...pool.profiles import Profile, find_profile
 from ...pool.quotas import QuotaExceeded
 from ..leasing.lease_manager import LeaseManager, NeverFits
 from ..store.job_store import JobNotFound, JobStore
-from ..store.lease_store import Lease, LeaseState, new_lease_id
 from . import processes
 from .runner import JobRunner, LaunchError, LocalRunner, Outcome
 from .submission import check_submission
@@ -205,9 +205,10 @@ class JobManager:
         said = f"{_what(node, gpu_index)} was drained by {by}"
         return self._take_out(node, gpu_index, Health.DRAINED, said, f"drained by {by}")
 
-    def undrain(self, node: str, gpu_index: int | None) -> None:
-        """Place on a drained node or GPU again (unless it is also unhealthy) and admit queued work."""
-        self.leases.clear_health(node, Health.DRAINED, gpu_index)
+    def clear_mark(self, node: str, gpu_index: int | None, health: Health) -> None:
+        """Lift a drain or fault mark from a node or GPU (it takes work again unless another mark stays) and
+        admit queued work."""
+        self.leases.clear_health(node, health, gpu_index)
         self._poke()
 
     def _take_out(self, node: str, gpu_index: int | None, health: Health, said: str, why: str) -> list[Job]:

@@ -56,7 +56,7 @@ from ...kube.mirror import Mirror, Obj
 from ...kube.resources import NotOnNode, kube_grant
 from ...pool.devices import Node
 from ...pool.jobs import Job
-from ..store.lease_store import Lease
+from ...pool.leases import Lease
 from .processes import Identity
 from .runner import Launched, LaunchError, Outcome
 

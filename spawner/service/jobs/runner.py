@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ...pool.jobs import Job
-from ..store.lease_store import Lease
+from ...pool.leases import Lease
 from . import processes
 
 

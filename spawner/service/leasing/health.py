@@ -1,17 +1,18 @@
-"""Device health in the service: drains an admin asks for, kept in the store, and faults the telemetry finds.
+"""Device health in the service, in one place: :class:`HealthKeeper` takes every mark that keeps work off a
+node or GPU, applies it through the job manager (nothing new is placed there; jobs running there are stopped
+and requeued; servers keep running and are logged) and lifts it again.
 
-**Drains** are recorded in a ``drains`` table in the lease store's database (same engine, same habits as the
-job store), not in a file next to it: the store may be PostgreSQL on another machine (``GPUPOOL_DB_URL``),
-where "next to the store" means nothing, and one database keeps one backup and one truth. A drain is written
-before it is applied and re-applied at start-up through the same path, so a job that was still running on a
-drained device when the service stopped is stopped and requeued then.
+Where marks come from, and which outlive a restart:
 
-**Faults**: :func:`unhealthy_reason` judges one telemetry sample: a critical XID (:data:`CRITICAL_XIDS`) or
-a GPU that fell off the bus (NVML answers "GPU is lost") makes its physical GPU unhealthy. The
-:class:`HealthKeeper` watches every snapshot (a :class:`~..telemetry.telemetry_loop.Telemetry` observer), marks the GPU
-once, requeues the jobs on it through the job manager and logs every server lease on it. A fault mark lives in
-memory: after a restart the next samples judge the GPU again (a lost GPU is found again at once; an XID is an
-event, so a GPU that logged one before the restart is trusted until it logs another).
+- **Drains** and **admin faults** (``POST admin/drain``, ``POST admin/faults``) are stored
+  (:mod:`..store.health_store`) before they are applied, and re-applied at start-up, until an admin undrains
+  or repairs the device.
+- **Telemetry faults**: :func:`unhealthy_reason` judges one sample: a critical XID (:data:`CRITICAL_XIDS`) or a
+  GPU that fell off the bus (NVML answers "GPU is lost"). They live in memory: after a restart the next
+  samples judge the GPU again (a lost GPU is found again at once; an XID is an event, so a GPU that logged
+  one before the restart is trusted until it logs another, or until an admin marks it).
+- **Node conditions** a backend reports (Kubernetes: NotReady, cordoned, tainted, MIG being reconfigured)
+  come and go with the backend's reports, which it makes again after a restart.
 """
 
 from __future__ import annotations
@@ -20,14 +21,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
-
-from sqlalchemy import Engine, Float, Integer, String, Table, delete, select
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from ...pool.devices import Health
+from ...pool.jobs import Job
 from ...telemetry.samples import Sample, Snapshot
 from ..jobs.job_manager import JobManager
+from ..store.health_store import HealthStore, StoredMark, device_key
 
 log = logging.getLogger(__name__)
 
@@ -60,75 +59,6 @@ def unhealthy_reason(sample: Sample) -> str | None:
     return None
 
 
-# ---- drains in the store -----------------------------------------------------------------------------------
-
-
-class _Base(DeclarativeBase):
-    pass
-
-
-class DrainRow(_Base):
-    __tablename__ = "drains"
-
-    key: Mapped[str] = mapped_column(String(300), primary_key=True)  # "node" or "node/gpu_index"
-    node: Mapped[str] = mapped_column(String(253))
-    gpu_index: Mapped[int | None] = mapped_column(Integer)
-    drained_at: Mapped[float] = mapped_column(Float)
-    by: Mapped[str] = mapped_column(String(255))
-
-
-_DRAINS = cast(Table, DrainRow.__table__)
-
-
-@dataclass(frozen=True)
-class Drain:
-    node: str
-    gpu_index: int | None
-    drained_at: float
-    by: str
-
-    @property
-    def key(self) -> str:
-        return device_key(self.node, self.gpu_index)
-
-
-def device_key(node: str, gpu_index: int | None) -> str:
-    """``node`` or ``node/gpu`` as the CLI writes it."""
-    return node if gpu_index is None else f"{node}/{gpu_index}"
-
-
-class DrainStore:
-    """The drained nodes and GPUs, in the database behind ``engine`` (the lease store's)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        _Base.metadata.create_all(engine)
-
-    def add(self, drain: Drain) -> None:
-        """Record a drain; draining again keeps the first record."""
-        with self.engine.begin() as connection:
-            if connection.scalar(select(_DRAINS.c.key).where(_DRAINS.c.key == drain.key)) is None:
-                connection.execute(
-                    _DRAINS.insert(),
-                    {
-                        "key": drain.key,
-                        "node": drain.node,
-                        "gpu_index": drain.gpu_index,
-                        "drained_at": drain.drained_at,
-                        "by": drain.by,
-                    },
-                )
-
-    def remove(self, node: str, gpu_index: int | None) -> None:
-        with self.engine.begin() as connection:
-            connection.execute(delete(_DRAINS).where(_DRAINS.c.key == device_key(node, gpu_index)))
-
-    def all(self) -> list[Drain]:
-        with self.engine.begin() as connection:
-            rows = connection.execute(select(_DRAINS).order_by(_DRAINS.c.drained_at)).all()
-        return [Drain(row.node, row.gpu_index, row.drained_at, row.by) for row in rows]
-
-
 # ---- the keeper --------------------------------------------------------------------------------------------
 
 
@@ -141,45 +71,55 @@ class Fault:
 
 
 class HealthKeeper:
-    """Drains and faults over one job manager (and through it, its lease manager)."""
+    """Every health mark over one job manager (and through it, its lease manager)."""
 
     def __init__(
-        self, jobs: JobManager, drains: DrainStore, *, clock: Callable[[], float] = time.time
+        self, jobs: JobManager, store: HealthStore, *, clock: Callable[[], float] = time.time
     ) -> None:
         self.jobs = jobs
-        self.drains = drains
+        self.store = store
         self.clock = clock
-        self.faults: dict[tuple[str, int], Fault] = {}
+        self.faults: dict[tuple[str, int], Fault] = {}  # found by the telemetry
+        self.node_problems: dict[str, str] = {}  # reported by the backend
         self._unknown: set[tuple[str, int]] = set()
 
     def restore(self) -> None:
-        """Re-apply the stored drains (at start-up); one whose node or GPU is gone is logged and kept."""
-        for drain in self.drains.all():
+        """Re-apply the stored marks (at start-up); one whose node or GPU is gone is logged and kept."""
+        for mark in self.store.all():
             try:
-                stopped = self.jobs.drain(drain.node, drain.gpu_index, drain.by)
+                stopped = self._apply(mark.node, mark.gpu_index, mark.health, mark.reason, mark.by)
             except KeyError as error:
-                log.warning("drain of %s not applied: %s is not in the pool", drain.key, error.args[0])
+                log.warning(
+                    "%s of %s not applied: %s is not in the pool", mark.health, mark.key, error.args[0]
+                )
                 continue
-            log.info("%s stays drained (by %s); %d jobs stopped", drain.key, drain.by, len(stopped))
+            log.info("%s stays %s (%s); %d jobs stopped", mark.key, mark.health, mark.reason, len(stopped))
 
     def check(self, node: str, gpu_index: int | None) -> None:
         """KeyError naming an unknown node or GPU."""
         self.jobs.leases.leases_on(node, gpu_index)
 
     def drain(self, node: str, gpu_index: int | None, by: str) -> tuple[list[str], list[str]]:
-        """Drain (recorded first, then applied); the ids of the jobs stopped to be requeued and of the server
+        """Drain (stored first, then applied); the ids of the jobs stopped to be requeued and of the server
         leases that keep running there."""
-        self.check(node, gpu_index)
-        self.drains.add(Drain(node, gpu_index, self.clock(), by))
-        stopped = self.jobs.drain(node, gpu_index, by)
-        return [job.id for job in stopped], self._tell_servers(node, gpu_index, f"drained by {by}")
+        return self._mark(node, gpu_index, Health.DRAINED, f"drained by {by}", by)
 
     def undrain(self, node: str, gpu_index: int | None) -> Health:
         """Undrain (removed from the store first); the device's health now."""
-        self.check(node, gpu_index)
-        self.drains.remove(node, gpu_index)
-        self.jobs.undrain(node, gpu_index)
-        return self.jobs.leases.health_of(node, gpu_index)
+        return self._lift(node, gpu_index, Health.DRAINED)
+
+    def fault(self, node: str, gpu_index: int | None, by: str) -> tuple[list[str], list[str]]:
+        """An admin marks the device unhealthy (stored first, then applied) until :meth:`repair`; like
+        :meth:`drain`, the ids of the jobs stopped and of the server leases there."""
+        return self._mark(node, gpu_index, Health.UNHEALTHY, f"marked unhealthy by {by}", by)
+
+    def repair(self, node: str, gpu_index: int | None) -> Health:
+        """The device was reset or replaced: its unhealthy marks (an admin's, the telemetry's) are lifted."""
+        if gpu_index is not None:
+            self.faults.pop((node, gpu_index), None)
+        else:
+            self.faults = {key: fault for key, fault in self.faults.items() if key[0] != node}
+        return self._lift(node, gpu_index, Health.UNHEALTHY)
 
     def observe(self, snapshot: Snapshot) -> None:
         """A telemetry observer: mark a GPU with a critical XID or lost from the bus unhealthy, once."""
@@ -188,23 +128,60 @@ class HealthKeeper:
             if key in self.faults or key in self._unknown:
                 continue
             reason = unhealthy_reason(sample)
-            if reason is None:
-                continue
-            try:
-                stopped = self.jobs.fault(sample.node, sample.gpu_index, reason)
-            except KeyError as error:
-                self._unknown.add(key)
-                log.warning("telemetry reports %s for %s, which is not in the pool", reason, error.args[0])
-                continue
-            self.faults[key] = Fault(sample.node, sample.gpu_index, reason, snapshot.time)
-            log.warning(
-                "GPU %d of node %s marked unhealthy: %s; %d jobs stopped to be requeued",
-                sample.gpu_index,
-                sample.node,
-                reason,
-                len(stopped),
-            )
-            self._tell_servers(sample.node, sample.gpu_index, f"unhealthy: {reason}")
+            if reason is not None:
+                self._telemetry_fault(sample.node, sample.gpu_index, reason, snapshot.time)
+
+    def node_condition(self, node: str, problem: str | None) -> list[str]:
+        """Apply a node's current condition as its backend reports it (None: fine again, and the node's fault
+        mark is lifted; a drain stays); the ids of the jobs stopped to be requeued."""
+        if self.node_problems.get(node) == problem:
+            return []
+        if problem is None:
+            self.node_problems.pop(node, None)
+            self.jobs.leases.clear_health(node, Health.UNHEALTHY)
+            log.info("node %s may take work again", node)
+            return []
+        self.node_problems[node] = problem
+        stopped = self.jobs.fault(node, None, problem)
+        servers = self._tell_servers(node, None, f"unhealthy: {problem}")
+        log.warning(
+            "node %s marked unhealthy: %s; %d jobs stopped to be requeued, %d servers keep running there",
+            *(node, problem, len(stopped), len(servers)),
+        )
+        return [job.id for job in stopped]
+
+    def _telemetry_fault(self, node: str, gpu_index: int, reason: str, at: float) -> None:
+        try:
+            stopped = self.jobs.fault(node, gpu_index, reason)
+        except KeyError as error:
+            self._unknown.add((node, gpu_index))
+            log.warning("telemetry reports %s for %s, which is not in the pool", reason, error.args[0])
+            return
+        self.faults[(node, gpu_index)] = Fault(node, gpu_index, reason, at)
+        log.warning(
+            "GPU %d of node %s marked unhealthy: %s; %d jobs stopped to be requeued",
+            *(gpu_index, node, reason, len(stopped)),
+        )
+        self._tell_servers(node, gpu_index, f"unhealthy: {reason}")
+
+    def _mark(
+        self, node: str, gpu_index: int | None, health: Health, reason: str, by: str
+    ) -> tuple[list[str], list[str]]:
+        self.check(node, gpu_index)
+        self.store.add(StoredMark(node, gpu_index, health, reason, by, self.clock()))
+        stopped = self._apply(node, gpu_index, health, reason, by)
+        return [job.id for job in stopped], self._tell_servers(node, gpu_index, reason)
+
+    def _apply(self, node: str, gpu_index: int | None, health: Health, reason: str, by: str) -> list[Job]:
+        if health is Health.DRAINED:
+            return self.jobs.drain(node, gpu_index, by)
+        return self.jobs.fault(node, gpu_index, reason)
+
+    def _lift(self, node: str, gpu_index: int | None, health: Health) -> Health:
+        self.check(node, gpu_index)
+        self.store.remove(node, gpu_index, health)
+        self.jobs.clear_mark(node, gpu_index, health)
+        return self.jobs.leases.health_of(node, gpu_index)
 
     def _tell_servers(self, node: str, gpu_index: int | None, what: str) -> list[str]:
         """Log every server lease on the device (they keep running); their ids."""
@@ -214,46 +191,6 @@ class HealthKeeper:
         for lease in servers:
             log.warning(
                 "server %s of %s (lease %s) runs on %s, now %s",
-                lease.owner_name,
-                lease.user,
-                lease.id,
-                device_key(node, gpu_index),
-                what,
+                *(lease.owner_name, lease.user, lease.id, device_key(node, gpu_index), what),
             )
         return [lease.id for lease in servers]
-
-
-# ---- node conditions a backend reports ---------------------------------------------------------------------
-
-
-class NodeConditions:
-    """Whole-node faults a backend reports as they come and go (Kubernetes: NotReady, cordoned, tainted, MIG
-    being reconfigured), applied through the same fault path as telemetry's: the node is marked unhealthy,
-    its jobs are stopped and requeued, its servers logged. When the backend says the node is fine again, the
-    node's fault mark is cleared (a drain stays) and queued work is admitted. Like telemetry faults, these
-    marks live in memory: after a restart the backend reports the node's state again."""
-
-    def __init__(self, jobs: JobManager) -> None:
-        self.jobs = jobs
-        self.faults: dict[str, str] = {}  # node -> why it is out
-
-    def update(self, node: str, problem: str | None) -> list[str]:
-        """Apply the node's current problem (None: healthy); the ids of the jobs stopped to be requeued."""
-        if self.faults.get(node) == problem:
-            return []
-        if problem is None:
-            self.faults.pop(node, None)
-            self.jobs.leases.clear_health(node, Health.UNHEALTHY)
-            log.info("node %s may take work again", node)
-            return []
-        self.faults[node] = problem
-        stopped = self.jobs.fault(node, None, problem)
-        servers = [lease for lease in self.jobs.leases.leases_on(node) if lease.owner_kind == "server"]
-        log.warning(
-            "node %s marked unhealthy: %s; %d jobs stopped to be requeued, %d servers keep running there",
-            node,
-            problem,
-            len(stopped),
-            len(servers),
-        )
-        return [job.id for job in stopped]

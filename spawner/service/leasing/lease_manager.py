@@ -30,13 +30,14 @@ from ...pool import gpu_equivalents
 from ...pool.devices import Health, Node
 from ...pool.explain import explain_refusal
 from ...pool.fair_share import DEFAULT_WINDOW, UsageSpan, recent_usage
+from ...pool.leases import Lease, LeaseState, NewLease, OwnerKind
 from ...pool.node_state import Option
 from ...pool.policies import PlacementPolicy
 from ...pool.queue import AdmissionQueue, QueuedRequest, competes
 from ...pool.quotas import QuotaPolicy
 from ...pool.requests import MigSlice, Request, WholeGpus
 from ...pool.state import Allocation, CannotRestore, OutsideUse, PoolState
-from ..store.lease_store import Lease, LeaseNotFound, LeaseState, LeaseStore, NewLease, OwnerKind
+from ..store.lease_store import LeaseNotFound, LeaseStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,7 +70,6 @@ class LeaseManager:
         # requests not granted at once, by why: "queued" (no room now), "quota", "never_fits" (for /metrics)
         self.refusals: collections.Counter[str] = collections.Counter()
         # servers the idle culler stopped, by the profile limit reached (reported by its hook, see idle_api)
-        self.culls: collections.Counter[str] = collections.Counter()
         self.usage_window = usage_window
         self._clock = clock
         self._lock = threading.RLock()

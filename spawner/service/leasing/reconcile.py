@@ -37,7 +37,7 @@ from urllib.parse import quote
 
 import httpx
 
-from ..store.lease_store import Lease
+from ...pool.leases import Lease
 from .lease_manager import LeaseManager
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The job store: jobs and every transition they made, in the same database as the leases.
 
 It shares the lease store's engine (SQLite with WAL by default, any SQLAlchemy URL otherwise) and its habits:
-``create_all`` at start-up, one short transaction per write with Core statements, and a write-through cache
+the tables of :mod:`.schema`, one short transaction per write with Core statements, and a write-through cache
 of the jobs that are not finished (queued, running, requeued), so the job manager's loop and the API read
 live jobs without a query. Finished jobs are read from the database.
 
@@ -30,20 +30,17 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import Mapped, mapped_column, sessionmaker
 
 from ...pool.jobs import FINISHED, Job, JobState, StopRequest, Transition
+from .schema import Base
 
 
 class JobNotFound(LookupError):
     """No job has this id."""
 
 
-class _Base(DeclarativeBase):
-    pass
-
-
-class JobRow(_Base):
+class JobRow(Base):
     __tablename__ = "jobs"
     __table_args__ = (UniqueConstraint("user", "submission_id", name="one_job_per_submission"),)
 
@@ -73,7 +70,7 @@ class JobRow(_Base):
     stop: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
-class TransitionRow(_Base):
+class TransitionRow(Base):
     __tablename__ = "job_transitions"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -106,7 +103,6 @@ class JobStore:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        _Base.metadata.create_all(engine)
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         with self._sessions.begin() as session:
             self._next_seq = (session.scalar(select(func.max(JobRow.seq))) or 0) + 1

@@ -1,7 +1,7 @@
 """The lease store: the one durable record of who holds which devices, so a restart loses nothing.
 
 SQLite by default (WAL, foreign keys on), any SQLAlchemy URL otherwise (``postgresql+psycopg://…``). The
-schema is created at start-up with ``create_all``; migrations (Alembic) come when the schema first changes.
+schema (:mod:`.schema`) is created when the store opens the database.
 The store only records: :class:`~..leasing.lease_manager.LeaseManager` decides, and is the only writer.
 
 Times are UTC seconds since the epoch (floats) from the manager's clock. A request is stored as JSON in the
@@ -10,10 +10,8 @@ field names of the profiles file (``gpus``, ``mig``, ``share``); devices as a JS
 
 from __future__ import annotations
 
-import secrets
-from dataclasses import asdict, dataclass, field, replace
-from enum import StrEnum
-from typing import Any, Literal, cast
+from dataclasses import asdict, replace
+from typing import Any, cast
 
 from sqlalchemy import (
     JSON,
@@ -33,81 +31,18 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import Mapped, mapped_column, sessionmaker
 from sqlalchemy.pool import StaticPool
 
+from ...pool.leases import Lease, LeaseState, NewLease, OwnerKind
 from ...pool.requests import GpuNeed, GpuShare, MigSlice, Request, WholeGpus
-from ...pool.state import Grant, visible_devices
+from ...pool.state import Grant
+from .schema import Base, create_schema
 
-OwnerKind = Literal["server", "job"]
-OWNER_KINDS: tuple[OwnerKind, ...] = ("server", "job")
 _NEED_KINDS: dict[str, type[GpuNeed]] = {"gpus": WholeGpus, "mig": MigSlice, "share": GpuShare}
 
 
-class LeaseState(StrEnum):
-    QUEUED = "queued"
-    GRANTED = "granted"
-    RELEASED = "released"
-
-
-def new_lease_id() -> str:
-    """12 URL-safe characters (72 random bits): short enough to read in a URL, never guessed or reused."""
-    return secrets.token_urlsafe(9)
-
-
-def check_owner_kind(owner_kind: str) -> None:
-    if owner_kind not in OWNER_KINDS:
-        raise ValueError(f"owner_kind must be one of {', '.join(OWNER_KINDS)}, got {owner_kind!r}")
-
-
-@dataclass(frozen=True)
-class Lease:
-    """One lease as recorded: its owner (a server or a job), what it asked for and what it holds."""
-
-    id: str
-    owner_kind: OwnerKind
-    user: str
-    owner_name: str  # the server's or the job's name
-    profile: str  # the profile's slug
-    request: Request
-    priority: int
-    state: LeaseState
-    created_at: float
-    node: str | None = None
-    devices: tuple[Grant, ...] = ()
-    granted_at: float | None = None
-    released_at: float | None = None
-    release_reason: str | None = None
-    position: int | None = None  # place in the queue (0 is next) when read through the manager; not stored
-
-    @property
-    def visible_devices(self) -> str:
-        """The value for ``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES``."""
-        return visible_devices(self.devices)
-
-
-@dataclass(frozen=True)
-class NewLease:
-    """A lease before it is stored: who asks, for what, and when; the id is chosen here, before placement."""
-
-    owner_kind: OwnerKind
-    user: str
-    owner_name: str
-    profile: str
-    request: Request
-    priority: int
-    created_at: float
-    id: str = field(default_factory=new_lease_id)
-
-    def __post_init__(self) -> None:
-        check_owner_kind(self.owner_kind)
-
-
-class _Base(DeclarativeBase):
-    pass
-
-
-class LeaseRow(_Base):
+class LeaseRow(Base):
     __tablename__ = "leases"
     __table_args__ = (
         CheckConstraint("owner_kind IN ('server', 'job')", name="owner_kind_known"),
@@ -146,7 +81,7 @@ class LeaseStore:
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = _engine(url)
-        _Base.metadata.create_all(self.engine)
+        create_schema(self.engine)  # the other stores share this engine and its tables
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         with self._sessions.begin() as session:
             self._next_seq = (session.scalar(select(func.max(LeaseRow.seq))) or 0) + 1

@@ -16,14 +16,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Column, Engine, Float, Integer, MetaData, String, Table, func, insert, select
+from sqlalchemy import Column, Engine, Float, Integer, String, Table, func, insert, select
 
 from ...telemetry.aggregates import MinuteAggregate
+from .schema import Base
 
-_METADATA = MetaData()
 MINUTES = Table(
     "usage_minutes",
-    _METADATA,
+    Base.metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("minute", Float, nullable=False, index=True),
     Column("uuid", String(96), nullable=False),
@@ -63,7 +63,6 @@ class UsageStore:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        _METADATA.create_all(engine)
 
     def add(self, minutes: Iterable[MinuteAggregate]) -> None:
         """Store the held ones among ``minutes``."""

@@ -20,11 +20,11 @@ from typing import Protocol
 from ...backends.simulated_telemetry import PidsOf, SimulatedSampler
 from ...pool import gpu_equivalents
 from ...pool.devices import Node
+from ...pool.leases import LeaseState
 from ...telemetry.aggregates import Holder, MinuteAggregate, MinuteAggregator
 from ...telemetry.history import DEFAULT_INTERVAL_SECONDS, DEFAULT_WINDOW_SECONDS, SampleHistory
 from ...telemetry.samples import Snapshot
 from ..leasing.lease_manager import LeaseManager
-from ..store.lease_store import LeaseState
 
 log = logging.getLogger(__name__)
 

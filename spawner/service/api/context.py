@@ -1,0 +1,80 @@
+"""What the routes work on, built once by :func:`..assembly.assemble` and kept on ``app.state``.
+
+Routes are plain module-level functions that name what they need as FastAPI dependencies (``PartsDep``,
+``CallerDep``), so a route module has no factory and no closure, and a test builds the app the way the
+service does.
+"""
+
+# No ``from __future__ import annotations``: FastAPI must evaluate the aliases in route signatures.
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated
+
+from fastapi import Depends, Header, HTTPException, Request, status
+
+from ...pool.profiles import Profile
+from ...telemetry.activity import ActivityTracker
+from ..jobs.job_manager import JobManager
+from ..leasing.culls import Culls
+from ..leasing.health import HealthKeeper
+from ..leasing.lease_manager import LeaseManager
+from ..store.usage_store import UsageStore
+from ..telemetry.telemetry_loop import Telemetry
+from .auth import Authenticator, Caller
+
+if TYPE_CHECKING:
+    from .browser_login import BrowserLogin
+
+
+@dataclass
+class ServiceParts:
+    """The managers, stores and settings the routes read; one per service process."""
+
+    manager: LeaseManager
+    jobs: JobManager
+    profiles: Sequence[Profile]
+    auth: Authenticator
+    telemetry: Telemetry
+    usage: UsageStore
+    culls: Culls  # the culler's warnings and cull counts
+    tracker: ActivityTracker
+    health: HealthKeeper
+    backend: str  # where the pool comes from: "simulated", "nvml" or "kubernetes"
+    source: str  # the pool file or cluster it was read from, shown in GET pool and on the pages
+    prefix: str  # the service's URL prefix, "/services/gpupool/"
+    public_metrics: bool = False
+    login: "BrowserLogin | None" = None  # the pages' OAuth login; None: the pages take tokens only
+    idle_after: float = 60.0  # the dashboard lists a held device as idle after this many seconds
+    clock: Callable[[], float] = field(default=time.time)
+
+    @property
+    def api_base(self) -> str:
+        """Where the API's routes live: ``/services/gpupool/api/v1``."""
+        return "/" + self.prefix.strip("/") + "/api/v1"
+
+    def profile(self, slug: str) -> Profile | None:
+        return next((p for p in self.profiles if p.slug == slug), None)
+
+
+def service_parts(request: Request) -> ServiceParts:
+    parts: ServiceParts = request.app.state.parts
+    return parts
+
+
+async def request_caller(request: Request, authorization: Annotated[str | None, Header()] = None) -> Caller:
+    """The caller of this request, as the hub describes its token; 401 or 403 saying what is wrong."""
+    return await service_parts(request).auth.caller(request, authorization)
+
+
+PartsDep = Annotated[ServiceParts, Depends(service_parts)]
+CallerDep = Annotated[Caller, Depends(request_caller)]
+
+
+def require_manager(caller: Caller, what: str) -> None:
+    """403 unless ``caller`` is an administrator or the hub (who act for every user)."""
+    if not caller.sees_everyone:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"{caller.kind} {caller.name} may not {what}: they need custom:gpupool:admin or custom:gpupool:leases",
+        )

@@ -1,0 +1,112 @@
+"""The lease API: the pool, the profiles a caller may use, and leases asked for, read and released.
+
+Handlers are ``async def`` and call the manager on the event loop: every manager call holds its one lock for
+well under a millisecond, so handing it to a worker thread (FastAPI's way with plain ``def``) costs more than
+it saves and only adds lock waits under load.
+"""
+
+# No ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, status
+
+from ...inventory import describe_pool
+from ...kube.resources import kube_grant
+from ...pool.leases import Lease, LeaseState
+from ...pool.profiles import find_profile, fits_pool
+from ..leasing.lease_manager import LeaseManager
+from .auth import Caller
+from .context import CallerDep, PartsDep, ServiceParts
+from .models import KubePlacement, LeaseOut, LeaseRequest, ProfileOut
+
+router = APIRouter()
+
+
+@router.get("/pool", summary="The pool: nodes, GPUs, MIG slices, shares, what is free, health")
+async def get_pool(parts: PartsDep, _caller: CallerDep) -> dict[str, Any]:
+    return parts.manager.inspect(lambda pool: describe_pool(pool, parts.backend, parts.source))
+
+
+@router.get("/profiles", summary="The profiles the caller may use, with availability")
+async def get_profiles(parts: PartsDep, caller: CallerDep) -> list[ProfileOut]:
+    # The hub's spawners show every profile (with why one is closed), so they get availability for all.
+    usable = [
+        p for p in parts.profiles if caller.acts_for_others or p.visible_to(caller.groups, caller.is_admin)
+    ]
+    nodes = [ns.node for ns in parts.manager.pool.nodes]
+    never_fits = {p.slug: fits_pool(p, nodes) for p in usable}
+    counts = parts.manager.availability({p.slug: p.request() for p in usable if never_fits[p.slug] is None})
+    return [
+        ProfileOut.from_profile(p, *counts.get(p.slug, (0, 0)), never_fits=never_fits[p.slug]) for p in usable
+    ]
+
+
+@router.post("/leases", status_code=status.HTTP_201_CREATED, summary="Ask for a lease (granted or queued)")
+async def post_lease(body: LeaseRequest, parts: PartsDep, caller: CallerDep) -> LeaseOut:
+    if (body.user is not None or body.groups is not None) and not caller.acts_for_others:
+        field = "user" if body.user is not None else "groups"
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"{field}: only a token with custom:gpupool:leases may ask on behalf of a user",
+        )
+    user = body.user or caller.name
+    groups = frozenset(body.groups) if body.groups is not None else caller.groups
+    profile = find_profile(parts.profiles, body.profile)
+    if not profile.visible_to(groups, caller.is_admin):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"profile: only members of {' or '.join(sorted(profile.groups))} may use {profile.slug}",
+        )
+    lease = parts.manager.request_lease(
+        user, groups, body.owner_kind, body.owner_name, profile.slug, profile.request()
+    )
+    return lease_out(parts, lease)
+
+
+@router.get("/leases", summary="The caller's leases; every lease (or one user's) for admins and the hub")
+async def list_leases(
+    parts: PartsDep, caller: CallerDep, active_only: bool = False, user: str | None = None
+) -> list[LeaseOut]:
+    if user is not None and user != caller.name and not caller.sees_everyone:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"user: {caller.name} may list only their own leases")
+    manager = parts.manager
+    if user is not None:
+        leases = manager.leases_for(user, active_only=active_only)
+    elif caller.sees_everyone:
+        leases = manager.all_leases(active_only=active_only)
+    else:
+        leases = manager.leases_for(caller.name, active_only=active_only)
+    return [lease_out(parts, lease) for lease in leases]
+
+
+@router.get("/leases/{lease_id}", summary="One lease")
+async def get_lease(lease_id: str, parts: PartsDep, caller: CallerDep) -> LeaseOut:
+    return lease_out(parts, _visible_lease(parts.manager, caller, lease_id))
+
+
+@router.delete("/leases/{lease_id}", summary="Release a lease; releasing twice changes nothing")
+async def delete_lease(lease_id: str, parts: PartsDep, caller: CallerDep) -> LeaseOut:
+    _visible_lease(parts.manager, caller, lease_id)
+    return lease_out(parts, parts.manager.release(lease_id, f"released by {caller.kind} {caller.name}"))
+
+
+def lease_out(parts: ServiceParts, lease: Lease) -> LeaseOut:
+    """The lease as the API shows it: with its place in the queue in words, and on Kubernetes its node."""
+    message = parts.manager.waiting_message(lease.id) if lease.position is not None else None
+    placement = _placement(parts.manager, lease) if parts.backend == "kubernetes" else None
+    return LeaseOut.from_lease(lease, message, placement)
+
+
+def _visible_lease(manager: LeaseManager, caller: Caller, lease_id: str) -> Lease:
+    """The lease; 404 when there is none, 403 when it is not the caller's to see."""
+    lease = manager.get(lease_id)
+    caller.check_may_see(lease.user, f"lease {lease_id}")
+    return lease
+
+
+def _placement(manager: LeaseManager, lease: Lease) -> KubePlacement | None:
+    """A granted lease's node and resource limits on Kubernetes (None until granted)."""
+    if lease.state is not LeaseState.GRANTED or lease.node is None:
+        return None
+    grant = kube_grant(manager.pool.node(lease.node).node, lease.devices)
+    return KubePlacement(node=grant.node, limits=dict(grant.limits))

@@ -1,0 +1,64 @@
+"""What the idle culler tells the service: the cull warnings it gave, and the culls it made, by limit.
+
+Warnings live in memory: a restarted service forgets them, so the culler's hook warns again and the cull
+comes one warning period later, the safe direction. A warning whose lease has been released is dropped when
+read. The cull counts feed ``gpupool_culls_total{limit=…}`` on the metrics page.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from ...pool.leases import LeaseState
+from ..store.lease_store import LeaseNotFound
+from .lease_manager import LeaseManager
+
+CullLimit = Literal["idle_timeout", "gpu_idle_timeout", "max_lifetime"]  # the profile limits a cull reaches
+CULL_LIMITS: tuple[str, ...] = get_args(CullLimit)
+
+
+@dataclass(frozen=True)
+class CullWarning:
+    user: str
+    server: str
+    lease_id: str | None
+    cull_at: float
+    reason: str
+    warned_at: float
+
+
+class Culls:
+    """Pending cull warnings by (user, server), one per server (the newest wins), and the culls made by limit."""
+
+    def __init__(self, manager: LeaseManager, *, keep_after_cull: float = 600.0) -> None:
+        self.manager = manager
+        self.keep_after_cull = keep_after_cull
+        self._warnings: dict[tuple[str, str], CullWarning] = {}
+        self.counts: collections.Counter[str] = collections.Counter()  # culls made, by the limit reached
+
+    def put(self, warning: CullWarning) -> None:
+        self._warnings[(warning.user, warning.server)] = warning
+
+    def get(self, user: str, server: str) -> CullWarning | None:
+        return self._warnings.get((user, server))
+
+    def withdraw(self, user: str, server: str) -> bool:
+        return self._warnings.pop((user, server), None) is not None
+
+    def pending(self, now: float, user: str | None = None) -> list[CullWarning]:
+        """The warnings still in force (their lease active, or none named and not long past), oldest first."""
+        for key, warning in list(self._warnings.items()):
+            if self._ended(warning, now):
+                del self._warnings[key]
+        found = [w for w in self._warnings.values() if user is None or w.user == user]
+        return sorted(found, key=lambda w: w.warned_at)
+
+    def _ended(self, warning: CullWarning, now: float) -> bool:
+        if warning.lease_id is None:
+            return now > warning.cull_at + self.keep_after_cull
+        try:
+            return self.manager.get(warning.lease_id).state is LeaseState.RELEASED
+        except LeaseNotFound:
+            return True
