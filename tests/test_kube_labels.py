@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 from kube_cluster import load_fixture
 
-from gpupool.spawner.kube.labels import NodeLabelError, external_usage, lay_out, node_problem, parse_node
+from gpupool.spawner.kube.gfd import NodeLabelError
+from gpupool.spawner.kube.labels import node_problem, parse_node
+from gpupool.spawner.kube.mig_layout import lay_out
+from gpupool.spawner.kube.pod_usage import external_usage
 from gpupool.spawner.kube.resources import kube_grant, outside_use
 from gpupool.spawner.pool.devices import GpuMode
 from gpupool.spawner.pool.mig import Placement, geometry, layout_problem
