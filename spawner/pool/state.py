@@ -7,6 +7,7 @@ allocations and says what is wrong, so tests can call it after any sequence of o
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -15,8 +16,9 @@ import numpy as np
 from .devices import FULL_MILLI, GpuMode, Health, Node
 from .explain import explain_refusal
 from .gpu_equivalents import mig_instance_milli
-from .mig import GEOMETRIES, Placement, layout_problem
-from .node_state import ANY_WHOLE_GPU, NodeState, Option, gpu_kind_matches, instance_matches, mig_free_milli
+from .invariants import node_problems
+from .node_state import ANY_WHOLE_GPU, NodeState, Option, gpu_kind_matches, instance_matches
+from .outside import hold_outside_use
 from .policies import PlacementPolicy, policy_by_name
 from .requests import GpuNeed, GpuShare, MigSlice, Request, WholeGpus
 
@@ -234,54 +236,10 @@ class PoolState:
         prefix = f"{OUTSIDE_OWNER}:{node}:"
         for owner in [o for o in node_state.holders if o.startswith(prefix)]:
             self.release(owner)
-        taken = 0
-        missing: list[str] = []
-
-        def hold(request: Request, option: Option) -> None:
-            nonlocal taken
-            self.restore(f"{prefix}{taken}", request, node, option)
-            taken += 1
-
-        whole = WholeGpus(1)
-        free = [
-            p
-            for p, gpu in enumerate(node_state.gpus)
-            if gpu_kind_matches(gpu, whole)
-            and node_state.gpu_busy_reason(p, whole, ignore_health=True) is None
-        ]
-        for position in free[: use.whole_gpus]:
-            hold(Request(0, 0, whole), (position,))
-        if use.whole_gpus > len(free):
-            missing.append(f"{use.whole_gpus - len(free)} whole GPU(s)")
-        for profile, count in sorted(use.mig.items()):
-            instances = [
-                (p, i, m.profile)
-                for p, gpu in enumerate(node_state.gpus)
-                for i, m in enumerate(gpu.mig_instances)
-                if i in node_state.mig_free[p] and profile in ("*", m.profile)
-            ]
-            for position, index, name in instances[:count]:
-                hold(Request(0, 0, MigSlice(profile=name)), (position, index))
-            if count > len(instances):
-                missing.append(f"{count - len(instances)} MIG {profile} instance(s)")
-        shares = [  # one share of each shared GPU, the size a full GPU's holders would each have
-            (GpuShare(max(1, FULL_MILLI // (gpu.max_shares or 10))), position)
-            for position, gpu in enumerate(node_state.gpus)
-            if gpu.mode is GpuMode.SHARED
-        ]
-        for held in range(use.shares):
-            spot = next(
-                (
-                    (share, p)
-                    for share, p in shares
-                    if not node_state.gpu_busy_reason(p, share, ignore_health=True)
-                ),
-                None,
-            )
-            if spot is None:
-                missing.append(f"{use.shares - held} GPU share(s)")
-                break
-            hold(Request(0, 0, spot[0]), (spot[1],))
+        owners = (f"{prefix}{n}" for n in itertools.count())
+        missing = hold_outside_use(
+            node_state, use, lambda request, option: self.restore(next(owners), request, node, option)
+        )
         return ", ".join(missing) or None
 
     def set_health(self, node: str, health: Health, gpu_index: int | None = None) -> None:
@@ -328,59 +286,8 @@ class PoolState:
         for allocation in self._allocations.values():
             by_node[allocation.node].append(allocation)
         for ns in self.nodes:
-            problems += _node_problems(ns, by_node[ns.node.name])
+            problems += node_problems(ns, by_node[ns.node.name])
         return problems
-
-
-def _node_problems(ns: NodeState, allocations: list[Allocation]) -> list[str]:
-    """What is wrong on one node: the counters must equal what its allocations add up to."""
-    node = ns.node
-    problems = []
-    if set(ns.holders) != {a.owner for a in allocations}:
-        problems.append(
-            f"{node.name}: holders {sorted(ns.holders)} but allocations {sorted(a.owner for a in allocations)}"
-        )
-    cpu = sum(a.request.cpu_milli for a in allocations)
-    memory = sum(a.request.memory_mib for a in allocations)
-    if cpu > node.cpu_milli or cpu != node.cpu_milli - ns.cpu_free:
-        problems.append(f"{node.name}: {cpu} CPU milli held of {node.cpu_milli}, {ns.cpu_free} recorded free")
-    if memory > node.memory_mib or memory != node.memory_mib - ns.mem_free:
-        problems.append(f"{node.name}: {memory} MiB held of {node.memory_mib}, {ns.mem_free} recorded free")
-    grants = [(a.owner, g) for a in allocations for g in a.grants]
-    for position, gpu in enumerate(node.gpus):
-        mine = [(owner, g) for owner, g in grants if g.gpu_uuid == gpu.uuid]
-        whole = [owner for owner, g in mine if g.kind == "gpu"]
-        shares = [g for _, g in mine if g.kind == "share"]
-        slices = [g.uuid for _, g in mine if g.kind == "mig"]
-        where = f"{node.name} {gpu.label}"
-        if len(whole) > 1 or (whole and (shares or slices)):
-            problems.append(f"{where}: held whole by {whole} and also shared or sliced")
-        if (shares and gpu.mode is not GpuMode.SHARED) or (slices and gpu.mode is not GpuMode.MIG):
-            problems.append(f"{where}: a {gpu.mode.value} GPU is shared or sliced")
-        milli = FULL_MILLI * len(whole) + sum(g.milli for g in shares)
-        if milli > FULL_MILLI:
-            problems.append(f"{where}: {milli}/1000 milli handed out")
-        if gpu.max_shares is not None and len(shares) > gpu.max_shares:
-            problems.append(f"{where}: {len(shares)} holders, at most {gpu.max_shares} allowed")
-        if sum(g.memory_mib for g in shares) > gpu.memory_mib:
-            problems.append(f"{where}: shares hold more memory than the GPU has")
-        if len(set(slices)) != len(slices):
-            problems.append(f"{where}: a MIG instance is held twice")
-        free_instances = {i for i, m in enumerate(gpu.mig_instances) if m.uuid not in slices}
-        if gpu.mode is GpuMode.MIG:
-            expected_free = mig_free_milli(gpu, free_instances)
-            layout = [Placement(m.start, m.profile) for m in gpu.mig_instances]
-            problem = layout_problem(GEOMETRIES[gpu.product], layout)
-            if problem:
-                problems.append(f"{where}: {problem}")
-        else:
-            expected_free = FULL_MILLI - milli
-        counters = (ns.free[position], ns.share_count[position], ns.mig_free[position])
-        if counters != (expected_free, len(shares), free_instances):
-            problems.append(f"{where}: counters {counters} disagree with the allocations")
-        if ns.share_mem_free[position] != gpu.memory_mib - sum(g.memory_mib for g in shares):
-            problems.append(f"{where}: {ns.share_mem_free[position]} MiB recorded free for shares")
-    return problems
 
 
 def _restore_problem(ns: NodeState, request: Request, option: Option) -> str | None:
