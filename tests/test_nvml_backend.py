@@ -34,6 +34,7 @@ from fake_pynvml import (
 )
 
 from gpupool.spawner.backends import nvml as backend
+from gpupool.spawner.backends import nvml_access, nvml_mig
 from gpupool.spawner.backends.nvml import (
     NvmlUnavailable,
     discover_node,
@@ -46,7 +47,7 @@ from gpupool.spawner.pool.mig import GEOMETRIES, NotMigCapable, Placement, Unkno
 from gpupool.spawner.pool.requests import MigSlice, Request, WholeGpus
 from gpupool.spawner.pool.state import Allocation, PoolState
 
-BACKEND_SOURCE = Path(backend.__file__)
+BACKEND_SOURCES = [Path(m.__file__) for m in (backend, nvml_access, nvml_mig)]
 
 
 def discover(module: ModuleType) -> tuple[Gpu, ...]:
@@ -389,8 +390,8 @@ def test_every_function_of_the_fake_exists_in_real_pynvml_with_the_same_paramete
 
 
 def test_every_nvml_name_the_backend_uses_exists_in_real_pynvml_and_only_reads() -> None:
-    tree = ast.parse(BACKEND_SOURCE.read_text())
-    used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    trees = [ast.parse(source.read_text()) for source in BACKEND_SOURCES]
+    used = {node.attr for tree in trees for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
     nvml_names = {name for name in used if re.match(r"nvml[A-Z]|NVML", name)}
     assert {"nvmlInit", "nvmlShutdown", "nvmlDeviceGetMigDeviceHandleByIndex"} <= nvml_names
     for name in nvml_names:
