@@ -110,39 +110,8 @@ class SimulatedSampler:
         by_uuid = {d.uuid: d for d in self._devices}
         samples: list[Sample] = []
         for node, gpu in self._gpus:
-            limit, boost = _BOARD.get(gpu.product, _DEFAULT_BOARD)
-            if gpu.mode is GpuMode.MIG:
-                parts = [by_uuid[i.uuid] for i in gpu.mig_instances]
-                load = sum((utilization[p.uuid] or 0.0) * p.compute_share for p in parts)
-                own_util: float | None = None
-                memory_used = sum(self._memory_of(p, utilization[p.uuid]) for p in parts)
-            else:
-                own_util = utilization[gpu.uuid]
-                load = own_util or 0.0
-                memory_used = self._memory_of(by_uuid[gpu.uuid], own_util)
-            power = limit * (0.1 + 0.9 * min(load, 100.0) / 100)
-            temperature = self._warm(gpu.uuid, _AMBIENT_C + 50 * power / limit - 5)
-            clock = boost if load > 0.5 else _IDLE_CLOCK_MHZ
-            samples.append(
-                Sample(
-                    uuid=gpu.uuid,
-                    node=node,
-                    gpu_index=gpu.index,
-                    mig_profile=None,
-                    time=at,
-                    gpu_utilization=own_util,
-                    memory_utilization=None if own_util is None else round(own_util * 0.6, 1),
-                    memory_used_mib=round(memory_used, 1),
-                    memory_total_mib=float(gpu.memory_mib),
-                    temperature_c=round(temperature, 1),
-                    power_w=round(power, 1),
-                    power_limit_w=float(limit),
-                    sm_clock_mhz=float(clock),
-                    ecc_corrected=0,
-                    ecc_uncorrected=0,
-                    xid_errors=(),
-                )
-            )
+            board = self._gpu_sample(node, gpu, utilization, by_uuid, at)
+            samples.append(board)
             for instance in gpu.mig_instances:
                 part = by_uuid[instance.uuid]
                 util = utilization[instance.uuid]
@@ -157,12 +126,54 @@ class SimulatedSampler:
                         memory_utilization=None if util is None else round(util * 0.6, 1),
                         memory_used_mib=round(self._memory_of(part, util), 1),
                         memory_total_mib=float(instance.memory_mib),
-                        temperature_c=round(temperature, 1),
-                        sm_clock_mhz=float(clock),
+                        temperature_c=board.temperature_c,  # the instances share their GPU's die
+                        sm_clock_mhz=board.sm_clock_mhz,
                         xid_errors=(),
                     )
                 )
         return Snapshot(at, tuple(samples), simulated=True, backend=self.backend)
+
+    def _gpu_sample(
+        self,
+        node: str,
+        gpu: Gpu,
+        utilization: Mapping[str, float | None],
+        by_uuid: Mapping[str, _Device],
+        at: float,
+    ) -> Sample:
+        """The board's reading: a GPU in MIG mode has no utilisation of its own, but its instances' load
+        drives its power, temperature and clock."""
+        limit, boost = _BOARD.get(gpu.product, _DEFAULT_BOARD)
+        if gpu.mode is GpuMode.MIG:
+            parts = [by_uuid[i.uuid] for i in gpu.mig_instances]
+            load = sum((utilization[p.uuid] or 0.0) * p.compute_share for p in parts)
+            own_util: float | None = None
+            memory_used = sum(self._memory_of(p, utilization[p.uuid]) for p in parts)
+        else:
+            own_util = utilization[gpu.uuid]
+            load = own_util or 0.0
+            memory_used = self._memory_of(by_uuid[gpu.uuid], own_util)
+        power = limit * (0.1 + 0.9 * min(load, 100.0) / 100)
+        temperature = self._warm(gpu.uuid, _AMBIENT_C + 50 * power / limit - 5)
+        clock = boost if load > 0.5 else _IDLE_CLOCK_MHZ
+        return Sample(
+            uuid=gpu.uuid,
+            node=node,
+            gpu_index=gpu.index,
+            mig_profile=None,
+            time=at,
+            gpu_utilization=own_util,
+            memory_utilization=None if own_util is None else round(own_util * 0.6, 1),
+            memory_used_mib=round(memory_used, 1),
+            memory_total_mib=float(gpu.memory_mib),
+            temperature_c=round(temperature, 1),
+            power_w=round(power, 1),
+            power_limit_w=float(limit),
+            sm_clock_mhz=float(clock),
+            ecc_corrected=0,
+            ecc_uncorrected=0,
+            xid_errors=(),
+        )
 
     # ---- the model --------------------------------------------------------------------------------------
 

@@ -146,8 +146,56 @@ def config_map(d: ServiceDeployment, profiles_yaml: str, quotas_yaml: str | None
 
 def deployment(d: ServiceDeployment) -> JsonDict:
     """One replica, replaced with ``Recreate``: the store has one owner, so two services never run at once."""
+    pod_spec: JsonDict = {
+        "serviceAccountName": d.name,
+        "securityContext": pod_security_context(DEFAULT_UID, DEFAULT_GID),
+        "containers": [_service_container(d)],
+        "volumes": [
+            {"name": "config", "configMap": {"name": d.config_map}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(d.name, d.namespace, d.labels),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": d.selector},
+            "template": {"metadata": {"labels": d.labels}, "spec": pod_spec},
+        },
+    }
+
+
+def _service_container(d: ServiceDeployment) -> JsonDict:
+    """The service's container: read-only root, ready once its API answers."""
     api = f"{SERVICE_PREFIX}{API_PATH}"
-    env: list[JsonDict] = [
+    return {
+        "name": "gpupool",
+        "image": d.image,
+        "command": ["python3", "-m", "gpupool.spawner.service"],
+        "workingDir": "/tmp",  # a scratch emptyDir: the root filesystem is read-only
+        "ports": [{"name": "http", "containerPort": d.port}],
+        "env": _service_env(d),
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        # the OpenAPI document needs no token and answers only once the store and pool are loaded
+        "readinessProbe": {
+            "httpGet": {"path": f"{api}/openapi.json", "port": "http"},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "securityContext": {**container_security_context(DEFAULT_UID), "readOnlyRootFilesystem": True},
+    }
+
+
+def _service_env(d: ServiceDeployment) -> list[JsonDict]:
+    """The service's settings (``GPUPOOL_*``) and its JupyterHub service identity; secrets by reference."""
+    return [
         {"name": "GPUPOOL_BACKEND", "value": "kubernetes"},
         {"name": "GPUPOOL_KUBE_NAMESPACE", "value": d.users},
         {"name": "GPUPOOL_KUBE_JOB_IMAGE", "value": d.job_image},
@@ -173,46 +221,6 @@ def deployment(d: ServiceDeployment) -> JsonDict:
             "valueFrom": {"secretKeyRef": {"name": d.hub_secret, "key": d.hub_token_key}},
         },
     ]
-    container: JsonDict = {
-        "name": "gpupool",
-        "image": d.image,
-        "command": ["python3", "-m", "gpupool.spawner.service"],
-        "workingDir": "/tmp",  # a scratch emptyDir: the root filesystem is read-only
-        "ports": [{"name": "http", "containerPort": d.port}],
-        "env": env,
-        "volumeMounts": [
-            {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
-        # the OpenAPI document needs no token and answers only once the store and pool are loaded
-        "readinessProbe": {
-            "httpGet": {"path": f"{api}/openapi.json", "port": "http"},
-            "periodSeconds": 5,
-            "failureThreshold": 3,
-        },
-        "resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
-        "securityContext": {**container_security_context(DEFAULT_UID), "readOnlyRootFilesystem": True},
-    }
-    pod_spec: JsonDict = {
-        "serviceAccountName": d.name,
-        "securityContext": pod_security_context(DEFAULT_UID, DEFAULT_GID),
-        "containers": [container],
-        "volumes": [
-            {"name": "config", "configMap": {"name": d.config_map}},
-            {"name": "tmp", "emptyDir": {}},
-        ],
-    }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": metadata(d.name, d.namespace, d.labels),
-        "spec": {
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": d.selector},
-            "template": {"metadata": {"labels": d.labels}, "spec": pod_spec},
-        },
-    }
 
 
 def service(d: ServiceDeployment) -> JsonDict:

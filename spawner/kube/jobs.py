@@ -192,24 +192,84 @@ def training_job(
     workdir = posixpath.join(settings.home_mount, working_dir) if working_dir else settings.home_mount
     if posixpath.normpath(workdir) != workdir:
         raise ManifestError(f"working_dir: expected a plain path without '..', got {working_dir!r}")
+    container_env = _container_env(settings, job_id, lease_id, checkpoints, env, cpu_only=not gpus)
+    pod_spec = _pod_spec(
+        settings,
+        node=grant.node,
+        claim=claim,
+        image=image,
+        argv=argv,
+        workdir=workdir,
+        env=container_env,
+        resources=resources,
+        checkpoints=checkpoints,
+    )
+    labels = {**MANAGED_BY, **job_labels(job_id, lease_id, user), COMPONENT_LABEL: "training-job"}
+    annotations = {JOB_LABEL: job_id, LEASE_LABEL: lease_id, USER_LABEL: user}
+    template = {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
+    spec = _job_spec(settings, template, retries, max_runtime)
+    return _job(
+        settings, job_name(job_id, attempt), labels, {**annotations, ATTEMPT_ANNOTATION: str(attempt)}, spec
+    )
+
+
+def _job(
+    settings: JobSettings, name: str, labels: dict[str, str], annotations: dict[str, str], spec: JsonDict
+) -> JsonDict:
+    """The Job itself; with Kueue, in its queue and suspended."""
+    job_meta_labels = dict(labels)
+    if settings.queue_name is not None:
+        job_meta_labels[KUEUE_QUEUE_LABEL] = settings.queue_name
+        spec["suspend"] = True  # Kueue admits the Job by unsuspending it
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(name, settings.namespace, job_meta_labels, annotations),
+        "spec": spec,
+    }
+
+
+def _container_env(
+    settings: JobSettings,
+    job_id: str,
+    lease_id: str,
+    checkpoints: str,
+    env: Mapping[str, str] | None,
+    *,
+    cpu_only: bool,
+) -> dict[str, str]:
+    """The user's ``env`` between gpupool's defaults and gpupool's own variables, which win."""
     gpupool_env = {
         "GPUPOOL_JOB_ID": job_id,
         "GPUPOOL_LEASE_ID": require_text(lease_id, "lease_id"),
         "GPUPOOL_CHECKPOINT_DIR": checkpoints,
         **({"GPUPOOL_SERVICE_URL": settings.service_url} if settings.service_url else {}),
-        **({} if gpus else device_env("")),  # a CPU-only job sees no GPU (see pods.lease_pod_env)
+        **(device_env("") if cpu_only else {}),  # a CPU-only job sees no GPU (see pods.lease_pod_env)
     }
-    container_env = {"HOME": settings.home_mount, "PYTHONUNBUFFERED": "1", **(env or {}), **gpupool_env}
+    return {"HOME": settings.home_mount, "PYTHONUNBUFFERED": "1", **(env or {}), **gpupool_env}
+
+
+def _pod_spec(
+    settings: JobSettings,
+    *,
+    node: str,
+    claim: str,
+    image: str,
+    argv: list[str],
+    workdir: str,
+    env: Mapping[str, str],
+    resources: Mapping[str, str],
+    checkpoints: str,
+) -> JsonDict:
+    """The pod of every attempt: the user's home mounted, never root, on the leased node."""
     home_mount = [{"name": "home", "mountPath": settings.home_mount}]
     security = container_security_context(settings.uid)
-    labels = {**MANAGED_BY, **job_labels(job_id, lease_id, user), COMPONENT_LABEL: "training-job"}
-    annotations = {JOB_LABEL: job_id, LEASE_LABEL: lease_id, USER_LABEL: user}
-    pod_spec: JsonDict = {
+    return {
         "restartPolicy": "Never",  # a failed pod stays failed: the Job (and its failure policy) decides
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": settings.grace_seconds,
         "securityContext": pod_security_context(settings.uid, settings.gid),
-        "affinity": node_affinity(grant.node),
+        "affinity": node_affinity(node),
         "tolerations": gpu_tolerations(),
         "volumes": [{"name": "home", "persistentVolumeClaim": {"claimName": claim}}],
         # the checkpoint folder exists before the job starts, private to the user, as the local runner makes it
@@ -229,13 +289,17 @@ def training_job(
                 "image": image,
                 "command": argv,
                 "workingDir": workdir,
-                "env": env_list(container_env),
+                "env": env_list(env),
                 "resources": {"limits": dict(resources), "requests": dict(resources)},
                 "volumeMounts": home_mount,
                 "securityContext": security,
             }
         ],
     }
+
+
+def _job_spec(settings: JobSettings, template: JsonDict, retries: int, max_runtime: float | None) -> JsonDict:
+    """Retries, the pod failure policy, the deadline and clean-up of the module docstring."""
     spec: JsonDict = {
         "backoffLimit": retries,
         "podFailurePolicy": {
@@ -247,7 +311,7 @@ def training_job(
                 },
             ]
         },
-        "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec},
+        "template": template,
     }
     if max_runtime is not None:
         if not max_runtime > 0:
@@ -255,18 +319,4 @@ def training_job(
         spec["activeDeadlineSeconds"] = math.ceil(max_runtime)
     if settings.ttl_seconds_after_finished is not None:
         spec["ttlSecondsAfterFinished"] = settings.ttl_seconds_after_finished
-    job_meta_labels = dict(labels)
-    if settings.queue_name is not None:
-        job_meta_labels[KUEUE_QUEUE_LABEL] = settings.queue_name
-        spec["suspend"] = True  # Kueue admits the Job by unsuspending it
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": metadata(
-            job_name(job_id, attempt),
-            settings.namespace,
-            job_meta_labels,
-            {**annotations, ATTEMPT_ANNOTATION: str(attempt)},
-        ),
-        "spec": spec,
-    }
+    return spec

@@ -151,25 +151,13 @@ def server_pod(
     require_text(image, "image")
     if not cmd:
         raise ManifestError("cmd: expected at least the program to run, got an empty command")
-    resources: JsonDict = {
-        "limits": {
-            "cpu": f"{round(overrides['cpu_limit'] * 1000)}m",
-            "memory": f"{overrides['mem_limit'] // 2**20}Mi",
-            **overrides["extra_resource_limits"],
-        },
-        "requests": {
-            "cpu": f"{round(overrides['cpu_guarantee'] * 1000)}m",
-            "memory": f"{overrides['mem_guarantee'] // 2**20}Mi",
-            **overrides["extra_resource_guarantees"],
-        },
-    }
     container: JsonDict = {
         "name": "notebook",
         "image": image,
         "args": list(cmd),
         "ports": [{"name": "notebook-port", "containerPort": port}],
         "env": env_list(overrides["environment"], "environment"),
-        "resources": resources,
+        "resources": _resources(overrides),
         "securityContext": container_security_context(uid),
     }
     spec: JsonDict = {
@@ -196,4 +184,20 @@ def server_pod(
         "kind": "Pod",
         "metadata": metadata(name, namespace, labels, overrides["extra_annotations"]),
         "spec": spec,
+    }
+
+
+def _resources(overrides: KubeSpawnerOverrides) -> JsonDict:
+    """The container's limits and requests, as KubeSpawner writes them from its CPU and memory traits."""
+    return {
+        "limits": {
+            "cpu": f"{round(overrides['cpu_limit'] * 1000)}m",
+            "memory": f"{overrides['mem_limit'] // 2**20}Mi",
+            **overrides["extra_resource_limits"],
+        },
+        "requests": {
+            "cpu": f"{round(overrides['cpu_guarantee'] * 1000)}m",
+            "memory": f"{overrides['mem_guarantee'] // 2**20}Mi",
+            **overrides["extra_resource_guarantees"],
+        },
     }
