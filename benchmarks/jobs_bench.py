@@ -33,7 +33,8 @@ from job_user import job_user  # noqa: E402
 
 from gpupool.spawner.pool.profiles import Profile  # noqa: E402
 from gpupool.spawner.pool.requests import Request, WholeGpus  # noqa: E402
-from gpupool.spawner.service.jobs.job_manager import JobManager, Submission  # noqa: E402
+from gpupool.spawner.service.jobs.job_manager import JobManager  # noqa: E402
+from gpupool.spawner.service.jobs.submission import Submission  # noqa: E402
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager  # noqa: E402
 from gpupool.spawner.service.store.job_store import JobStore  # noqa: E402
 from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url  # noqa: E402

@@ -23,7 +23,8 @@ from gpupool.spawner.pool.jobs import JobState
 from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.pool.profiles import Profile
 from gpupool.spawner.pool.requests import Request, WholeGpus
-from gpupool.spawner.service.jobs.job_manager import JobManager, Submission
+from gpupool.spawner.service.jobs.job_manager import JobManager
+from gpupool.spawner.service.jobs.submission import Submission
 from gpupool.spawner.service.leasing.health import HealthKeeper, unhealthy_reason
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager
 from gpupool.spawner.service.store.health_store import HealthStore

@@ -31,8 +31,8 @@ from gpupool.spawner.pool.jobs import Job, JobState
 from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.pool.profiles import Profile
 from gpupool.spawner.pool.requests import WholeGpus
-from gpupool.spawner.service.jobs.job_manager import JobManager, Submission
-from gpupool.spawner.service.jobs.submission import InvalidJob
+from gpupool.spawner.service.jobs.job_manager import JobManager
+from gpupool.spawner.service.jobs.submission import InvalidJob, Submission
 from gpupool.spawner.service.kube_pool import load_kube_pool
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager
 from gpupool.spawner.service.store.job_store import JobStore

@@ -95,3 +95,20 @@ class Request:
         if isinstance(self.gpu, GpuShare):
             return self.gpu.milli
         return 0
+
+
+def describe(request: Request) -> str:
+    """What a queued request waits for, as in ``Waiting for a free …``."""
+    need = request.gpu
+    if need is None:
+        return f"node with {request.cpu_milli / 1000:g} CPUs and {request.memory_mib / 1024:g} GiB of memory"
+    products = " or ".join(sorted(need.products))
+    if isinstance(need, WholeGpus):
+        what = products or "GPU"
+        return what if need.count == 1 else f"set of {need.count} × {what}"
+    if isinstance(need, MigSlice):
+        name = (
+            f"MIG {need.profile} slice" if need.profile else f"MIG slice of at least {need.min_memory_gb} GB"
+        )
+        return f"{name} on {products}" if products else name
+    return f"{need.milli / 10:g}% share of {products or 'a GPU'}"

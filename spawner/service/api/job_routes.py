@@ -16,9 +16,9 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request, Response, status
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ...pool.profiles import find_profile
-from ..jobs.job_manager import JobManager, Submission, SubmissionConflict, TooManyQueuedJobs
+from ..jobs.job_manager import JobManager
 from ..jobs.processes import NoSystemAccount
-from ..jobs.submission import InvalidJob
+from ..jobs.submission import InvalidJob, Submission, SubmissionConflict, TooManyQueuedJobs
 from ..store.job_store import JobNotFound
 from .auth import Caller
 from .context import CallerDep, PartsDep

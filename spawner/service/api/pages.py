@@ -33,9 +33,9 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from ...inventory import describe_pool
 from ...pool.leases import Lease, LeaseState
+from ...pool.requests import describe
 from ...telemetry.aggregates import DEFAULT_USED_THRESHOLD, MinuteAggregate
 from ...telemetry.samples import Sample
-from ..leasing.lease_manager import describe
 from .auth import TOKEN_COOKIE, Caller
 from .context import PartsDep, ServiceParts
 from .page_html import (

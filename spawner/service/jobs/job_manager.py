@@ -13,9 +13,8 @@ lease it already asked for instead of queueing twice.
 Where a run happens is the runner's business (:mod:`.runner`): processes on this host by default,
 ``batch/v1`` Jobs on Kubernetes; the manager's rules are the same for both.
 
-The supervision loop (:meth:`JobManager.run_forever`) calls :meth:`JobManager.step` every ``interval`` seconds
-and at once when an admission pass grants a lease. Everything runs on the service's event loop; the
-methods also take a lock, so threads may call them.
+The supervision loop (:meth:`JobManager.run_forever`) steps every ``interval`` seconds and at once after a
+grant, on the service's event loop; the methods also take a lock, so threads may call them.
 """
 
 from __future__ import annotations
@@ -25,11 +24,11 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 from ...pool.devices import Health
-from ...pool.jobs import DEFAULT_JOB_CLASS, Job, JobState, StopRequest, priority_of
+from ...pool.jobs import Job, JobState, StopRequest, priority_of
 from ...pool.leases import Lease, LeaseState, new_lease_id
 from ...pool.profiles import Profile, find_profile
 from ...pool.quotas import QuotaExceeded
@@ -37,32 +36,9 @@ from ..leasing.lease_manager import LeaseManager, NeverFits
 from ..store.job_store import JobNotFound, JobStore
 from . import processes
 from .runner import JobRunner, LaunchError, LocalRunner, Outcome
-from .submission import check_submission
+from .submission import Submission, SubmissionConflict, TooManyQueuedJobs, check_submission, new_job
 
 log = logging.getLogger(__name__)
-
-
-class TooManyQueuedJobs(ValueError):
-    """The user already has as many jobs waiting as a user may; the message says how many."""
-
-
-class SubmissionConflict(ValueError):
-    """A submission id already used for a different job."""
-
-
-@dataclass(frozen=True)
-class Submission:
-    """What a user asks to run (see ``POST jobs``)."""
-
-    profile: str
-    command: Sequence[str]
-    name: str | None = None
-    working_dir: str | None = None
-    env: Mapping[str, str] | None = None
-    max_runtime: float | None = None
-    priority_class: str = DEFAULT_JOB_CLASS
-    retries: int = 2
-    submission_id: str | None = None
 
 
 class JobManager:
@@ -107,15 +83,9 @@ class JobManager:
         :class:`TooManyQueuedJobs`, :class:`SubmissionConflict`, QuotaExceeded, NeverFits or UnknownProfile."""
         groups = frozenset(groups)
         with self._lock:
-            if ask.submission_id is not None:
-                earlier = self.store.by_submission(user, ask.submission_id)
-                if earlier is not None:
-                    if earlier.command != tuple(ask.command) or earlier.profile != ask.profile:
-                        raise SubmissionConflict(
-                            f"submission_id: {ask.submission_id!r} was already used for job {earlier.id} "
-                            "with a different command or profile"
-                        )
-                    return earlier, False
+            earlier = self._earlier(user, ask)
+            if earlier is not None:
+                return earlier, False
             profile = find_profile(self.profiles, ask.profile)
             identity = self.identity(user)
             checked = check_submission(
@@ -130,40 +100,14 @@ class JobManager:
                 is_admin=is_admin,
                 on_host=self.runner.host_paths,
             )
-            waiting = sum(1 for j in self.store.live() if j.user == user and self._waits_for_devices(j))
-            if waiting >= self.max_queued:
-                raise TooManyQueuedJobs(
-                    f"{user} has {waiting} queued jobs, the most a user may have waiting "
-                    f"(max_queued_jobs {self.max_queued}); cancel one or wait for one to start"
-                )
+            self._check_queue_cap(user)
             job_id = new_lease_id()
             lease = self.leases.request_lease(
-                user,
-                groups,
-                "job",
-                job_id,
-                profile.slug,
-                profile.request(),
+                *(user, groups, "job", job_id, profile.slug, profile.request()),
                 priority_of(checked.priority_class),
                 lease_id=f"{job_id}-1",
             )
-            job = Job(
-                id=job_id,
-                user=user,
-                name=checked.name,
-                profile=profile.slug,
-                command=checked.command,
-                working_dir=checked.working_dir,
-                env=checked.env,
-                priority_class=checked.priority_class,
-                retries=ask.retries,
-                max_runtime=checked.max_runtime,
-                submitted_at=lease.created_at,
-                submission_id=ask.submission_id,
-                groups=groups,
-                lease_id=lease.id,
-                job_dir=processes.job_dir(identity, job_id),
-            )
+            job = new_job(job_id, user, groups, ask, checked, lease, processes.job_dir(identity, job_id))
             try:
                 self.store.add(job)
             except BaseException:
@@ -171,6 +115,24 @@ class JobManager:
                 raise
         self._poke()
         return job, True
+
+    def _earlier(self, user: str, ask: Submission) -> Job | None:
+        """The job ``ask.submission_id`` already made, if any; :class:`SubmissionConflict` if it differs."""
+        earlier = self.store.by_submission(user, ask.submission_id) if ask.submission_id is not None else None
+        if earlier is not None and (earlier.command != tuple(ask.command) or earlier.profile != ask.profile):
+            raise SubmissionConflict(
+                f"submission_id: {ask.submission_id!r} was already used for job {earlier.id} "
+                "with a different command or profile"
+            )
+        return earlier
+
+    def _check_queue_cap(self, user: str) -> None:
+        waiting = sum(1 for j in self.store.live() if j.user == user and self._waits_for_devices(j))
+        if waiting >= self.max_queued:
+            raise TooManyQueuedJobs(
+                f"{user} has {waiting} queued jobs, the most a user may have waiting "
+                f"(max_queued_jobs {self.max_queued}); cancel one or wait for one to start"
+            )
 
     def _waits_for_devices(self, job: Job) -> bool:
         """Queued with its lease queued too: what the cap counts (a granted lease starts at the next step)."""
@@ -371,69 +333,46 @@ class JobManager:
             self.runner.finish(job)
 
     def _record_end(self, job: Job, now: float, outcome: Outcome) -> None:
-        code = outcome.exit_code
-        stop = job.stop
-        if stop is not None and stop.then is JobState.REQUEUED:
-            self._requeue(job, now, stop.reason, code)
+        state, reason = outcome.end(job.stop)
+        if state is JobState.REQUEUED:
+            self._requeue(job, now, reason, outcome.exit_code)
             return
-        if stop is None and outcome.lost is not None:
-            self._requeue(job, now, outcome.lost, code)
-            return
-        if stop is not None:
-            state, reason = stop.then, stop.reason
-        elif outcome.timed_out is not None:
-            state, reason = JobState.TIMED_OUT, outcome.timed_out
-        elif code == 0:
-            state, reason = JobState.SUCCEEDED, "the command exited with status 0"
-        elif code is None:
-            state = JobState.FAILED
-            reason = outcome.reason or "the run ended without an exit status (killed by a signal?)"
-        else:
-            state, reason = JobState.FAILED, f"the command exited with status {code}"
         self._release(job, f"job {state}")
-        self.store.save(job.to(state, now, reason, exit_code=code))
+        self.store.save(job.to(state, now, reason, exit_code=outcome.exit_code))
         log.info("job %s of %s: %s (%s)", job.id, job.user, state, reason)
 
     def _requeue(self, job: Job, now: float, reason: str, code: int | None) -> None:
         self._release(job, reason)
         if not job.may_requeue:
-            self.store.save(
-                job.to(JobState.FAILED, now, f"{reason}; no retries left ({job.retries})", exit_code=code)
+            failed = job.to(
+                JobState.FAILED, now, f"{reason}; no retries left ({job.retries})", exit_code=code
             )
+            self.store.save(failed)
             return
-        lease_id = f"{job.id}-{job.requeues + 2}"
         try:
-            lease = self.leases.get(lease_id)
-        except LookupError:
-            try:
-                profile = find_profile(self.profiles, job.profile)
-                lease = self.leases.request_lease(
-                    job.user,
-                    job.groups,
-                    "job",
-                    job.id,
-                    profile.slug,
-                    profile.request(),
-                    priority_of(job.priority_class),
-                    arrival=job.submitted_at,
-                    lease_id=lease_id,
-                )
-            except (QuotaExceeded, NeverFits, LookupError) as error:
-                self.store.save(job.to(JobState.FAILED, now, f"{reason}; it could not be requeued: {error}"))
-                return
-        retry = f"retry {job.requeues + 1} of {job.retries}"
+            lease = self._retry_lease(job)
+        except (QuotaExceeded, NeverFits, LookupError) as error:
+            self.store.save(job.to(JobState.FAILED, now, f"{reason}; it could not be requeued: {error}"))
+            return
+        said = f"{reason}; requeued (retry {job.requeues + 1} of {job.retries})"
         self.store.save(
-            job.to(
-                JobState.REQUEUED,
-                now,
-                f"{reason}; requeued ({retry})",
-                lease_id=lease.id,
-                pid=None,
-                pid_start=None,
-                exit_code=code,
-            )
+            job.to(JobState.REQUEUED, now, said, lease_id=lease.id, pid=None, pid_start=None, exit_code=code)
         )
         log.info("job %s of %s requeued: %s", job.id, job.user, reason)
+
+    def _retry_lease(self, job: Job) -> Lease:
+        """The next attempt's lease, in the queue at the job's first arrival; the one asked for already when a
+        crash came between asking and recording."""
+        lease_id = f"{job.id}-{job.requeues + 2}"
+        with contextlib.suppress(LookupError):
+            return self.leases.get(lease_id)
+        profile = find_profile(self.profiles, job.profile)
+        return self.leases.request_lease(
+            *(job.user, job.groups, "job", job.id, profile.slug, profile.request()),
+            priority_of(job.priority_class),
+            arrival=job.submitted_at,
+            lease_id=lease_id,
+        )
 
     def _release(self, job: Job, reason: str) -> None:
         if job.lease_id is not None:

@@ -20,7 +20,7 @@ import subprocess
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from ...pool.jobs import Job
+from ...pool.jobs import Job, JobState, StopRequest
 from ...pool.leases import Lease
 from . import processes
 
@@ -51,6 +51,25 @@ class Outcome:
     lost: str | None = None
     timed_out: str | None = None
     reason: str | None = None
+
+    def end(self, stop: StopRequest | None) -> tuple[JobState, str]:
+        """The state the run ends the job in, and why: a stop the pool asked for decides; otherwise a lost
+        run is requeued, then the runner's deadline, then the command's exit status."""
+        code = self.exit_code
+        if stop is not None:
+            return stop.then, stop.reason
+        if self.lost is not None:
+            return JobState.REQUEUED, self.lost
+        if self.timed_out is not None:
+            return JobState.TIMED_OUT, self.timed_out
+        if code == 0:
+            return JobState.SUCCEEDED, "the command exited with status 0"
+        if code is None:
+            return (
+                JobState.FAILED,
+                self.reason or "the run ended without an exit status (killed by a signal?)",
+            )
+        return JobState.FAILED, f"the command exited with status {code}"
 
 
 class JobRunner(Protocol):

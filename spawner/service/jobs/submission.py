@@ -1,4 +1,5 @@
-"""Checking a job submission before anything is stored: each problem is an :class:`InvalidJob` naming the field.
+"""A job submission: what a user asks to run, checked before anything is stored (each problem an
+:class:`InvalidJob` naming the field), and the job it becomes.
 
 What is checked here needs the host (the user's home, the command on disk), so it lives in the service, not
 the domain: the working directory must resolve (symlinks followed) inside the user's home, the command must
@@ -16,12 +17,36 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ...pool.jobs import PRIORITY_CLASSES, USER_JOB_CLASSES
+from ...pool.jobs import DEFAULT_JOB_CLASS, PRIORITY_CLASSES, USER_JOB_CLASSES, Job
+from ...pool.leases import Lease
 from ...pool.profiles import Profile
 from .processes import Identity, find_executable
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RESERVED = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+
+
+class TooManyQueuedJobs(ValueError):
+    """The user already has as many jobs waiting as a user may; the message says how many."""
+
+
+class SubmissionConflict(ValueError):
+    """A submission id already used for a different job."""
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What a user asks to run (see ``POST jobs``)."""
+
+    profile: str
+    command: Sequence[str]
+    name: str | None = None
+    working_dir: str | None = None
+    env: Mapping[str, str] | None = None
+    max_runtime: float | None = None
+    priority_class: str = DEFAULT_JOB_CLASS
+    retries: int = 2
+    submission_id: str | None = None
 
 
 class InvalidJob(ValueError):
@@ -141,3 +166,32 @@ def _check_env(env: Mapping[str, str]) -> dict[str, str]:
         if "\0" in value:
             raise InvalidJob(f"env.{key}", "values may not contain NUL characters")
     return dict(env)
+
+
+def new_job(
+    job_id: str,
+    user: str,
+    groups: frozenset[str],
+    ask: Submission,
+    checked: CheckedJob,
+    lease: Lease,
+    job_dir: str,
+) -> Job:
+    """The job as first recorded: queued on its first lease."""
+    return Job(
+        id=job_id,
+        user=user,
+        name=checked.name,
+        profile=lease.profile,
+        command=checked.command,
+        working_dir=checked.working_dir,
+        env=checked.env,
+        priority_class=checked.priority_class,
+        retries=ask.retries,
+        max_runtime=checked.max_runtime,
+        submitted_at=lease.created_at,
+        submission_id=ask.submission_id,
+        groups=groups,
+        lease_id=lease.id,
+        job_dir=job_dir,
+    )

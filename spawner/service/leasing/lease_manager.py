@@ -35,8 +35,9 @@ from ...pool.node_state import Option
 from ...pool.policies import PlacementPolicy
 from ...pool.queue import AdmissionQueue, QueuedRequest, competes
 from ...pool.quotas import QuotaPolicy
-from ...pool.requests import MigSlice, Request, WholeGpus
+from ...pool.requests import Request, describe
 from ...pool.state import Allocation, CannotRestore, OutsideUse, PoolState
+from ...pool.trial import count_fits
 from ..store.lease_store import LeaseNotFound, LeaseStore
 
 log = logging.getLogger(__name__)
@@ -311,23 +312,8 @@ class LeaseManager:
             counts = {}
             for key, request in asks.items():
                 blocked = any(competes(need, request.gpu) for need in waiting)
-                counts[key] = (0 if blocked else self._count_fits(request, limit), queued.get(key, 0))
+                counts[key] = (0 if blocked else count_fits(self._pool, request, limit), queued.get(key, 0))
             return counts
-
-    def _count_fits(self, request: Request, limit: int) -> int:
-        trial = [f"availability-trial:{n}" for n in range(limit)]
-        placed = 0
-        explain, self._pool.explain_refusals = self._pool.explain_refusals, False  # only the count matters
-        try:
-            for owner in trial:
-                if not isinstance(self._pool.place(request, owner), Allocation):
-                    break
-                placed += 1
-        finally:
-            for owner in trial[:placed]:
-                self._pool.release(owner)
-            self._pool.explain_refusals = explain
-        return placed
 
     def position(self, lease_id: str) -> int | None:
         """Place in the whole queue (0 is next), or None when the lease is not queued."""
@@ -402,20 +388,3 @@ def _entry(lease: Lease) -> QueuedRequest:
     return QueuedRequest(
         lease.id, lease.id, lease.user, request, lease.priority, lease.created_at, describe(request)
     )
-
-
-def describe(request: Request) -> str:
-    """What a queued request waits for, as in ``Waiting for a free …``."""
-    need = request.gpu
-    if need is None:
-        return f"node with {request.cpu_milli / 1000:g} CPUs and {request.memory_mib / 1024:g} GiB of memory"
-    products = " or ".join(sorted(need.products))
-    if isinstance(need, WholeGpus):
-        what = products or "GPU"
-        return what if need.count == 1 else f"set of {need.count} × {what}"
-    if isinstance(need, MigSlice):
-        name = (
-            f"MIG {need.profile} slice" if need.profile else f"MIG slice of at least {need.min_memory_gb} GB"
-        )
-        return f"{name} on {products}" if products else name
-    return f"{need.milli / 10:g}% share of {products or 'a GPU'}"

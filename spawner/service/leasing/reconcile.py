@@ -172,9 +172,24 @@ async def reconcile_once(
     after = await asyncio.to_thread(manager.all_leases, active_only=True)
 
     present = {server.key for server in servers if server.ready or server.pending}
+    suspects, released = await _release_gone(manager, before, present, previous)
+    leased = {(lease.user, lease.owner_name) for lease in [*before, *after] if lease.owner_kind == "server"}
+    unleased = tuple(
+        server
+        for server in servers
+        if server.ready and not server.pending and server.profile and server.key not in leased
+    )
+    stopped = await _report_unleased(hub, unleased, previous, stop_unleased)
+    return ReconcileReport(tuple(released), frozenset(suspects), unleased, tuple(stopped), tuple(servers))
+
+
+async def _release_gone(
+    manager: LeaseManager, leases: list[Lease], present: set[tuple[str, str]], previous: ReconcileReport
+) -> tuple[set[str], list[Lease]]:
+    """Server leases whose server the hub does not list: suspects the first time, released the second."""
     suspects: set[str] = set()
     released: list[Lease] = []
-    for lease in before:
+    for lease in leases:
         if lease.owner_kind != "server" or (lease.user, lease.owner_name) in present:
             continue
         if lease.id not in previous.suspects:
@@ -184,29 +199,27 @@ async def reconcile_once(
         if done.release_reason == SERVER_GONE:  # not released meanwhile by its own spawner
             log.warning(
                 "released lease %s of %s: server %r is gone (%s)",
-                lease.id,
-                lease.user,
-                lease.owner_name,
-                lease.profile,
+                *(lease.id, lease.user, lease.owner_name, lease.profile),
             )
             released.append(done)
+    return suspects, released
 
-    leased = {(lease.user, lease.owner_name) for lease in [*before, *after] if lease.owner_kind == "server"}
-    unleased = tuple(
-        server
-        for server in servers
-        if server.ready and not server.pending and server.profile and server.key not in leased
-    )
+
+async def _report_unleased(
+    hub: HubClient, unleased: tuple[HubServer, ...], previous: ReconcileReport, stop_unleased: bool
+) -> list[HubServer]:
+    """Log servers running a GPU profile without a lease; with ``stop_unleased``, stop those seen twice."""
     stopped: list[HubServer] = []
     for server in unleased:
         confirmed = server.key in previous.unleased_keys
+        advice = " (set GPUPOOL_STOP_UNLEASED=1 to stop such servers)"
         log.warning(
             "%s runs profile %s without a gpupool lease%s",
-            server.label,
-            server.profile,
-            (" : stopping it" if confirmed else "")
-            if stop_unleased
-            else " (set GPUPOOL_STOP_UNLEASED=1 to stop such servers)",
+            *(
+                server.label,
+                server.profile,
+                (" : stopping it" if confirmed else "") if stop_unleased else advice,
+            ),
         )
         if stop_unleased and confirmed:
             try:
@@ -215,7 +228,7 @@ async def reconcile_once(
                 log.warning("could not stop %s: %s", server.label, error)
                 continue
             stopped.append(server)
-    return ReconcileReport(tuple(released), frozenset(suspects), unleased, tuple(stopped), tuple(servers))
+    return stopped
 
 
 async def reconcile_forever(
