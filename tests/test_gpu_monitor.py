@@ -1,15 +1,16 @@
 """What ``GpuMonitor`` shows, from the service's answers: cards, sparklines, "N/A", the pool line, warnings.
 
-The rendering functions are pure; the last test drives the widget itself against a stand-in connection (no
-kernel, no service), refreshing once by hand.
+The rendering functions are pure; the last tests drive the widget itself against a stand-in connection (no
+kernel, no service), refreshing by hand (with no event loop running, nothing refreshes by itself).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
-from gpupool.widgets.client import GpupoolError
+from gpupool.spawner.client import GpupoolError
 from gpupool.widgets.gpu_monitor import (
     NA,
     GpuMonitor,
@@ -124,7 +125,7 @@ class _Service:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.time = 100.0
 
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+    async def acall(self, method: str, path: str, **kwargs: Any) -> Any:
         self.calls.append((path, kwargs.get("params") or {}))
         if path == "leases/L1":
             device = {"kind": "gpu", "uuid": "GPU-5", "gpu_uuid": "GPU-5", "label": "H100 #5", "milli": 1000}
@@ -148,7 +149,9 @@ def test_the_widget_shows_only_its_lease_s_device_and_asks_only_for_new_samples(
     service = _Service()
     monitor = GpuMonitor(service, refresh=3600, lease_id="L1")  # type: ignore[arg-type]
     try:
-        monitor.update()
+        assert "waiting for the gpupool service" in monitor.view.value and not service.calls
+        asyncio.run(monitor.update())
+        asyncio.run(monitor.update())
         html = monitor.view.value
         assert "GPU-5" in html and "MIG-1" not in html
         assert "55%" in html and "300 W / 700 W" in html and "simulated" in html
@@ -156,5 +159,22 @@ def test_the_widget_shows_only_its_lease_s_device_and_asks_only_for_new_samples(
         telemetry = [params for path, params in service.calls if path == "telemetry"]
         assert telemetry == [{}, {"since": 102.0}]
         assert len(monitor.samples["GPU-5"]) == 2
+    finally:
+        monitor.close()
+
+
+def test_a_monitor_whose_service_cannot_be_reached_says_so_and_shows_no_cards() -> None:
+    class Down(_Service):
+        async def acall(self, method: str, path: str, **kwargs: Any) -> Any:
+            raise GpupoolError(
+                0, "unreachable", "cannot reach the gpupool service at http://x/api/v1: refused"
+            )
+
+    monitor = GpuMonitor(Down(), refresh=3600, lease_id="L1")  # type: ignore[arg-type]
+    try:
+        asyncio.run(monitor.update())
+        shown = monitor.view.value
+        assert "cannot reach the gpupool service" in shown and "waiting" not in shown
+        assert 'class="gpupool-card"' not in shown and "holds no GPU" not in shown
     finally:
         monitor.close()

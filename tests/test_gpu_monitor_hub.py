@@ -54,16 +54,17 @@ ADMINS_ROLE = {
     "users": [ADMIN_USER],
 }
 VALUE = r'<th>{}</th><td class="gpupool-value">{}</td>'
-# the cell waits (not sleeps) for the background thread to show a utilisation and a power reading
+# the cell awaits (never time.sleep: the monitor refreshes on the kernel's event loop, which an await leaves
+# free) until the monitor shows a utilisation and a power reading
 WAIT_CELL = """\
-import re, time
+import asyncio, re, time
 from gpupool.widgets import GpuMonitor
 monitor = GpuMonitor(refresh=0.5)
 deadline = time.monotonic() + 60
 shown = lambda: re.search(r'Utilisation</th><td class="gpupool-value">\\d+%', monitor.view.value) and \\
     re.search(r'Power</th><td class="gpupool-value">\\d+ W', monitor.view.value)
 while not shown() and time.monotonic() < deadline:
-    time.sleep(0.1)
+    await asyncio.sleep(0.1)
 print(monitor.view.value)
 monitor
 """

@@ -1,4 +1,4 @@
-"""Notebook side of gpupool: a client of the gpupool service for jobs, ``JobPanel`` and ``GpuMonitor``.
+"""Notebook side of gpupool: ``submit()`` and job handles, ``JobPanel`` and ``GpuMonitor``, over the one API client.
 
 Importing this package is cheap: ``submit`` and friends need only httpx; ``JobPanel`` and ``GpuMonitor``
 load ipywidgets on first use.
@@ -6,7 +6,7 @@ load ipywidgets on first use.
 
 from typing import Any
 
-from .client import Connection, GpupoolError
+from ._api import Connection, GpupoolError
 from .jobs import Job, job, my_jobs, submit
 
 __all__ = ["Connection", "GpuMonitor", "GpupoolError", "Job", "JobPanel", "job", "my_jobs", "submit"]

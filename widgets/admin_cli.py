@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .client import Connection, GpupoolError
+from ._api import Connection, GpupoolError
 from .jobs_cli import connection_options, run
 
 __all__ = ["add_admin_commands", "parse_device", "run"]

@@ -14,17 +14,22 @@ their output.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import os
-import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import ipywidgets as w  # type: ignore[import-untyped]
+from traitlets import Float, Unicode, default, observe
 
-from .client import Connection, GpupoolError
+from ._api import Connection, GpupoolError
+from .poller import Poller
+
+WAITING = "waiting for the gpupool service…"
+REPLACED = "replaced by a newer GpuMonitor (a cell ran again): this one no longer refreshes"
 
 WINDOW_SECONDS = 600.0  # the sparklines' span
 MAX_POINTS = 600  # samples kept per device (10 minutes at 1 s)
@@ -175,7 +180,7 @@ def warning_lines(warnings: Iterable[Mapping[str, Any]], *, now: float, lease_id
 
 
 def monitor_html(
-    devices: Sequence[Mapping[str, Any]],
+    devices: Sequence[Mapping[str, Any]] | None,
     samples: Mapping[str, Sequence[Mapping[str, Any]]],
     *,
     now: float,
@@ -184,10 +189,11 @@ def monitor_html(
     warnings: str = "",
     message: str = "",
 ) -> str:
-    """The whole monitor: the simulated label, warnings, one card per device, the pool line, a message."""
+    """The whole monitor: the simulated label, warnings, one card per device, the pool line, a message.
+    ``devices`` None: not known yet (no answer from the service so far), so no cards and no "no GPU"."""
     head = '<span class="gpupool-simulated">simulated</span> ' if simulated else ""
-    cards = "".join(device_card(d, samples.get(str(d["uuid"]), ()), now=now) for d in devices)
-    if not devices:
+    cards = "".join(device_card(d, samples.get(str(d["uuid"]), ()), now=now) for d in devices or ())
+    if devices is not None and not devices:
         cards = "<p>This server holds no GPU (its lease has no devices).</p>"
     note = f'<div class="gpupool-message">{html.escape(message)}</div>' if message else ""
     return (
@@ -207,11 +213,11 @@ _CSS = (
 )
 
 
-def fetch_warnings(connection: Connection) -> list[dict[str, Any]]:
+async def fetch_warnings(connection: Connection) -> list[dict[str, Any]]:
     """The caller's pending cull warnings from ``GET warnings``; a service without that endpoint (404, an
     older service) means no warnings, not an error."""
     try:
-        answer = connection.call("GET", "warnings")
+        answer = await connection.acall("GET", "warnings")
     except GpupoolError as error:
         if error.status in (404, 405):
             return []
@@ -221,88 +227,106 @@ def fetch_warnings(connection: Connection) -> list[dict[str, Any]]:
 
 
 class GpuMonitor(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
-    """The monitor; display it as a cell's last expression. ``close()`` stops its refresh thread.
+    """The monitor; display it as a cell's last expression. ``close()`` stops its refreshing.
 
-    ``lease_id`` defaults to ``GPUPOOL_LEASE_ID``; without one the monitor shows every device of the user's
-    granted leases.
+    It returns at once: every call to the service is a task on the kernel's event loop (see
+    :mod:`.poller`), and until the first answer the monitor says it is waiting. One monitor refreshes per
+    kernel: a new one (a cell run again) stops the previous one's refreshing.
     """
 
-    def __init__(
-        self, connection: Connection | None = None, refresh: float = 1.5, lease_id: str | None = None
-    ) -> None:
-        # first: ipywidgets calls close() when __init__ fails, and close() needs the stop event
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
+    refresh = Float(1.5, min=0.1, help="Seconds between refreshes, e.g. ``GpuMonitor(refresh=5)``.")
+    lease_id = Unicode(
+        help="The lease whose devices to show (default: ``$GPUPOOL_LEASE_ID``, the server's own); empty shows "
+        'every device of the user\'s granted leases, e.g. ``GpuMonitor(lease_id="")``.',
+    )
+
+    @default("lease_id")
+    def _default_lease_id(self) -> str:
+        return os.environ.get("GPUPOOL_LEASE_ID", "")
+
+    def __init__(self, connection: Connection | None = None, **traits: Any) -> None:
+        if traits.get("lease_id", "") is None:  # the old spelling of "the default"
+            del traits["lease_id"]
+        self._poller: Poller | None = None  # first: ipywidgets calls close() when __init__ fails
         self.connection = connection or Connection()
-        self.refresh = refresh
-        self.lease_id = lease_id or os.environ.get("GPUPOOL_LEASE_ID") or None
-        self.devices: list[dict[str, Any]] = []
+        self.devices: list[dict[str, Any]] | None = None  # None until the service has answered
         self.samples: dict[str, deque[dict[str, Any]]] = {}
         self.simulated: bool | None = None
         self.updates = 0  # completed refreshes, for tests and the curious
         self._since: float | None = None
         self.view = w.HTML()
-        super().__init__([self.view])
+        super().__init__([self.view], **traits)
+        self._show(WAITING)
         self.add_class("gpupool-gpu-monitor")
-        self.update()
-        self._thread = threading.Thread(target=self._refresh_forever, name="gpupool-gpu-monitor", daemon=True)
-        self._thread.start()
+        self._poller = Poller("gpu-monitor", self.update, lambda: self.refresh, self._replaced)
+        self._poller.start()
 
-    def _lease_devices(self) -> list[dict[str, Any]]:
+    @observe("lease_id")
+    def _lease_changed(self, _change: Any) -> None:
+        """Another lease: forget the old one's devices and samples, and show the new one now."""
+        self.devices, self.samples, self._since = None, {}, None
+        if self._poller is not None:
+            self._poller.poke()
+
+    async def _lease_devices(self) -> list[dict[str, Any]]:
         if self.lease_id:
-            leases = [self.connection.call("GET", f"leases/{self.lease_id}")]
+            leases = [await self.connection.acall("GET", f"leases/{self.lease_id}")]
         else:
-            leases = list(self.connection.call("GET", "leases", params={"active_only": True}))
+            leases = list(await self.connection.acall("GET", "leases", params={"active_only": True}))
         return [
             dict(d) for lease in leases if lease.get("state") == "granted" for d in lease.get("devices", [])
         ]
 
-    def update(self) -> None:
-        """Read the lease, new samples, the pool and warnings once, and show them."""
-        with self._lock:
-            message = ""
-            try:
-                # a granted lease never changes its devices; a queued one, or "all my leases", may
-                if not self.devices or self.lease_id is None:
-                    self.devices = self._lease_devices()
-                params = {"since": self._since} if self._since is not None else {}
-                telemetry = self.connection.call("GET", "telemetry", params=params)
-                self.simulated = telemetry.get("simulated")
-                by_uuid = {str(d["uuid"]): d for d in telemetry.get("devices", [])}
-                for device in self.devices:
-                    found = by_uuid.get(str(device["uuid"]))
-                    if found is None:
-                        continue
-                    for key in ("node", "gpu", "mig_profile"):
-                        device.setdefault(key, found.get(key))
-                    kept = self.samples.setdefault(str(device["uuid"]), deque(maxlen=MAX_POINTS))
-                    kept.extend(found.get("samples", []))
-                    if kept:
-                        self._since = max(self._since or 0.0, float(kept[-1]["time"]))
-                pool = self.connection.call("GET", "pool")
-                pool_line = pool_free_line(pool.get("summary", {}))
-                warnings = warning_lines(
-                    fetch_warnings(self.connection), now=time.time(), lease_id=self.lease_id
-                )
-            except GpupoolError as error:
-                message, pool_line, warnings = str(error), "", ""
-            now = self._since if self._since is not None else 0.0
-            self.view.value = monitor_html(
-                self.devices,
-                {u: list(s) for u, s in self.samples.items()},
-                now=now,
-                simulated=self.simulated,
-                pool_line=pool_line,
-                warnings=warnings,
-                message=message,
+    def _take_samples(self, telemetry: Mapping[str, Any]) -> None:
+        self.simulated = telemetry.get("simulated")
+        by_uuid = {str(d["uuid"]): d for d in telemetry.get("devices", [])}
+        for device in self.devices or ():
+            found = by_uuid.get(str(device["uuid"]))
+            if found is None:
+                continue
+            for key in ("node", "gpu", "mig_profile"):
+                device.setdefault(key, found.get(key))
+            kept = self.samples.setdefault(str(device["uuid"]), deque(maxlen=MAX_POINTS))
+            kept.extend(found.get("samples", []))
+            if kept:
+                self._since = max(self._since or 0.0, float(kept[-1]["time"]))
+
+    async def update(self) -> None:
+        """Read the lease, new samples, the pool and warnings once, and show them (or what went wrong)."""
+        message = pool_line = warnings = ""
+        try:
+            # a granted lease never changes its devices; a queued one, or "all my leases", may
+            if not self.devices or not self.lease_id:
+                self.devices = await self._lease_devices()
+            params = {"since": self._since} if self._since is not None else {}
+            telemetry, pool, pending = await asyncio.gather(
+                self.connection.acall("GET", "telemetry", params=params),
+                self.connection.acall("GET", "pool"),
+                fetch_warnings(self.connection),
             )
-            self.updates += 1
+            self._take_samples(telemetry)
+            pool_line = pool_free_line(pool.get("summary", {}))
+            warnings = warning_lines(pending, now=time.time(), lease_id=self.lease_id)
+        except GpupoolError as error:
+            message = str(error)
+        self._show(message, pool_line, warnings)
+        self.updates += 1
+
+    def _show(self, message: str, pool_line: str = "", warnings: str = "") -> None:
+        self.view.value = monitor_html(
+            self.devices,
+            {u: list(s) for u, s in self.samples.items()},
+            now=self._since if self._since is not None else 0.0,
+            simulated=self.simulated,
+            pool_line=pool_line,
+            warnings=warnings,
+            message=message,
+        )
+
+    def _replaced(self) -> None:
+        self._show(REPLACED)
 
     def close(self) -> None:
-        self._stop.set()
+        if self._poller is not None:
+            self._poller.stop()
         super().close()
-
-    def _refresh_forever(self) -> None:
-        # A thread, not the kernel's event loop: a slow service never holds up the user's cells.
-        while not self._stop.wait(self.refresh):
-            self.update()

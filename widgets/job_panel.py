@@ -1,8 +1,9 @@
 """``JobPanel()``: submit training jobs and watch them from a notebook, without blocking the kernel.
 
 The panel is a form (command, profile with live availability, maximum runtime, retries), a table of my jobs
-with their state and queue position, and the log of the chosen job, kept current by a background thread
-every ``refresh`` seconds; the kernel stays free for other cells. Cancel stops the chosen job.
+with their state and queue position, and the log of the chosen job, kept current every ``refresh`` seconds
+by a task on the kernel's event loop (see :mod:`.poller`); the kernel stays free for other cells, and the
+buttons' calls to the service are tasks too. Cancel stops the chosen job.
 
 What the panel shows is built by plain functions (:func:`jobs_table`, :func:`profile_choices`), so the
 rendering is tested without a browser and the widgets only hold it.
@@ -10,16 +11,21 @@ rendering is tested without a browser and the widgets only hold it.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import shlex
-import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import ipywidgets as w  # type: ignore[import-untyped]
+from traitlets import Float
 
-from .client import Connection, GpupoolError
-from .jobs import Job, submit
+from ._api import Connection, GpupoolError
+from .jobs import Job, submission
+from .poller import Poller, in_background
+
+WAITING = "waiting for the gpupool service…"
+REPLACED = "replaced by a newer JobPanel (a cell ran again): this one no longer refreshes"
 
 _LOG_TAIL = 20_000  # characters of the log shown; the rest is one job.logs() away
 
@@ -53,21 +59,30 @@ def jobs_table(jobs: Iterable[Mapping[str, Any]]) -> str:
     return f'<table class="gpupool-jobs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
-class JobPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
-    """The panel; display it as a cell's last expression. ``close()`` stops its refresh thread."""
+def _error(text: str) -> str:
+    return f'<span class="gpupool-error">{html.escape(text)}</span>'
 
-    def __init__(self, connection: Connection | None = None, refresh: float = 2.0) -> None:
-        # first: ipywidgets calls close() when __init__ fails, and close() needs the stop event
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
+
+class JobPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
+    """The panel; display it as a cell's last expression. ``close()`` stops its refreshing.
+
+    It returns at once and says it is waiting until the service first answers. One panel refreshes per
+    kernel: a new one (a cell run again) stops the previous one's refreshing.
+    """
+
+    refresh = Float(2.0, min=0.1, help="Seconds between refreshes, e.g. ``JobPanel(refresh=5)``.")
+
+    def __init__(self, connection: Connection | None = None, **traits: Any) -> None:
+        self._poller: Poller | None = None  # first: ipywidgets calls close() when __init__ fails
         self.connection = connection or Connection()
-        self.refresh = refresh
+        self._choose: str | None = None  # the job to choose at the next refresh (one just submitted)
+        self._about_service = True  # the message line is about the service (waiting, unreachable)
         self.command = w.Text(description="Command", placeholder="python train.py --epochs 10")
         self.profile = w.Dropdown(description="Profile", options=[])
         self.max_hours = w.BoundedFloatText(value=1.0, min=0.01, max=24 * 30, description="Max hours")
         self.retries = w.BoundedIntText(value=2, min=0, max=20, description="Retries")
         self.submit_button = w.Button(description="Submit", button_style="primary", icon="play")
-        self.message = w.HTML()
+        self.message = w.HTML(WAITING)
         self.table = w.HTML()
         self.chosen = w.Dropdown(description="Job", options=[])
         self.cancel_button = w.Button(description="Cancel job", button_style="danger", icon="stop")
@@ -75,83 +90,110 @@ class JobPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.log_view = w.Textarea(layout=w.Layout(width="100%", height="16em"), disabled=True)
         self.submit_button.on_click(lambda _button: self.submit())
         self.cancel_button.on_click(lambda _button: self.cancel())
+        self.chosen.observe(lambda _change: self._refresh_now(), "value")  # its log now, not at the next tick
         form = w.VBox(
             [self.command, w.HBox([self.profile, self.max_hours, self.retries]), self.submit_button]
         )
         super().__init__(
             [form, self.message, self.table, w.HBox([self.chosen, self.cancel_button]), self.log_view],
+            **traits,
         )
         self.add_class("gpupool-job-panel")
-        self.update()
-        self._thread = threading.Thread(target=self._refresh_forever, name="gpupool-job-panel", daemon=True)
-        self._thread.start()
+        self._poller = Poller("job-panel", self.update, lambda: self.refresh, self._replaced)
+        self._poller.start()
 
-    def submit(self) -> Job | None:
-        """Submit what the form says; the message line tells what happened."""
+    def submit(self) -> asyncio.Task[Job | None] | Job | None:
+        """Submit what the form says, without blocking: in a kernel a task (whose result is the job, or None
+        when refused); the message line tells what happened."""
+        return in_background(self._submit())
+
+    async def _submit(self) -> Job | None:
+        self.submit_button.disabled = True
         try:
             command = shlex.split(self.command.value)
             if not command:
                 raise GpupoolError(400, "invalid_request", "command: type a command, e.g. python train.py")
             if self.profile.value is None:
                 raise GpupoolError(400, "invalid_request", "profile: no profile is available to you")
-            job = submit(
+            body = submission(
                 command,
                 self.profile.value,
                 max_runtime=self.max_hours.value * 3600,
                 retries=self.retries.value,
-                connection=self.connection,
             )
+            created = await self.connection.acall("POST", "jobs", json=body)
         except (GpupoolError, ValueError) as error:
-            self.message.value = f'<span class="gpupool-error">{html.escape(str(error))}</span>'
+            self._say(_error(str(error)))
             return None
-        self.message.value = f"Submitted job {html.escape(job.id)}."
-        self.update(choose=job.id)
+        finally:
+            self.submit_button.disabled = False
+        job = Job(str(created["id"]), self.connection)
+        self._say(f"Submitted job {html.escape(job.id)}.")
+        self._refresh_now(choose=job.id)
         return job
 
-    def cancel(self) -> None:
-        if not self.chosen.value:
+    def cancel(self) -> asyncio.Task[None] | None:
+        """Cancel the chosen job, without blocking; the message line tells its state."""
+        return in_background(self._cancel())
+
+    async def _cancel(self) -> None:
+        chosen = self.chosen.value
+        if not chosen:
             return
         try:
-            state = Job(self.chosen.value, self.connection).cancel()
+            state = str((await self.connection.acall("DELETE", f"jobs/{chosen}"))["state"])
         except GpupoolError as error:
-            self.message.value = f'<span class="gpupool-error">{html.escape(str(error))}</span>'
+            self._say(_error(str(error)))
             return
-        self.message.value = f"Job {html.escape(self.chosen.value)} is {html.escape(state)}."
-        self.update()
+        self._say(f"Job {html.escape(chosen)} is {html.escape(state)}.")
+        self._refresh_now()
 
-    def update(self, choose: str | None = None) -> None:
-        """Read the profiles, my jobs and the chosen job's log once, and show them."""
-        with self._lock:
+    def _refresh_now(self, choose: str | None = None) -> None:
+        self._choose = choose or self._choose
+        if self._poller is not None and self._poller.running:
+            self._poller.poke()
+
+    async def update(self) -> None:
+        """Read the profiles, my jobs and the chosen job's log once, and show them (or what went wrong)."""
+        try:
+            profiles, jobs = await asyncio.gather(
+                self.connection.acall("GET", "profiles"), self.connection.acall("GET", "jobs")
+            )
+        except GpupoolError as error:
+            self._say(_error(str(error)), about_service=True)
+            return
+        if self._about_service:
+            self._say("")  # answered: the waiting, or the last failure, is over
+        self._show(profile_choices(profiles), jobs)
+        if self.chosen.value:
             try:
-                profiles = self.connection.call("GET", "profiles")
-                jobs = self.connection.call("GET", "jobs")
+                log = await self.connection.atext(f"jobs/{self.chosen.value}/logs", offset=0)
+                self.log_view.value = log[-_LOG_TAIL:]
             except GpupoolError as error:
-                self.message.value = f'<span class="gpupool-error">{html.escape(str(error))}</span>'
-                return
-            choices = profile_choices(profiles)
-            if choices != list(self.profile.options):
-                keep = self.profile.value
-                self.profile.options = choices
-                if keep in {slug for _, slug in choices}:
-                    self.profile.value = keep
-            self.table.value = jobs_table(jobs)
-            ids = [(f"{j['id']} {j['name']} ({j['state']})", j["id"]) for j in reversed(jobs)]
-            if ids != list(self.chosen.options):
-                keep = choose or self.chosen.value
-                self.chosen.options = ids
-                if keep in {i for _, i in ids}:
-                    self.chosen.value = keep
-            if self.chosen.value:
-                try:
-                    self.log_view.value = Job(self.chosen.value, self.connection).logs()[-_LOG_TAIL:]
-                except GpupoolError as error:
-                    self.log_view.value = str(error)
+                self.log_view.value = str(error)
+
+    def _show(self, choices: list[tuple[str, str]], jobs: list[dict[str, Any]]) -> None:
+        if choices != list(self.profile.options):
+            keep = self.profile.value
+            self.profile.options = choices
+            if keep in {slug for _, slug in choices}:
+                self.profile.value = keep
+        self.table.value = jobs_table(jobs)
+        ids = [(f"{j['id']} {j['name']} ({j['state']})", j["id"]) for j in reversed(jobs)]
+        keep, self._choose = self._choose or self.chosen.value, None
+        if ids != list(self.chosen.options):
+            self.chosen.options = ids
+        if keep in {i for _, i in ids} and keep != self.chosen.value:
+            self.chosen.value = keep
+
+    def _say(self, text: str, *, about_service: bool = False) -> None:
+        """Show ``text`` on the message line; a refresh clears it only when it is about the service."""
+        self.message.value, self._about_service = text, about_service
+
+    def _replaced(self) -> None:
+        self._say(_error(REPLACED))
 
     def close(self) -> None:
-        self._stop.set()
+        if self._poller is not None:
+            self._poller.stop()
         super().close()
-
-    def _refresh_forever(self) -> None:
-        # A thread, not the kernel's event loop: a slow service never holds up the user's cells.
-        while not self._stop.wait(self.refresh):
-            self.update()

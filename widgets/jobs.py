@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from .client import Connection
+from ._api import Connection
 
 FINISHED = frozenset({"succeeded", "failed", "cancelled", "timed-out"})
 
@@ -97,9 +97,37 @@ def submit(
     ``max_runtime`` is seconds or a duration such as ``"2h"``. ``submission_id`` makes it safe to retry: the
     same id returns the same job, never a second one.
     """
+    body = submission(
+        command,
+        profile,
+        name=name,
+        working_dir=working_dir,
+        env=env,
+        max_runtime=max_runtime,
+        retries=retries,
+        priority_class=priority_class,
+        submission_id=submission_id,
+    )
+    connection = connection or Connection()
+    created = connection.call("POST", "jobs", json=body)
+    return Job(str(created["id"]), connection)
+
+
+def submission(
+    command: Sequence[str],
+    profile: str,
+    *,
+    name: str | None = None,
+    working_dir: str | None = None,
+    env: Mapping[str, str] | None = None,
+    max_runtime: float | str | None = None,
+    retries: int = 2,
+    priority_class: str = "batch",
+    submission_id: str | None = None,
+) -> dict[str, Any]:
+    """The body of ``POST jobs`` for :func:`submit` and ``JobPanel`` (which sends it without blocking)."""
     if isinstance(command, str):
         raise TypeError('command must be a list of arguments, e.g. ["python", "train.py"], not a string')
-    connection = connection or Connection()
     body: dict[str, Any] = {
         "command": list(command),
         "profile": profile,
@@ -111,8 +139,7 @@ def submit(
     body |= {key: value for key, value in optional.items() if value is not None}
     if submission_id is not None:
         body["submission_id"] = submission_id
-    created = connection.call("POST", "jobs", json=body)
-    return Job(str(created["id"]), connection)
+    return body
 
 
 def job(job_id: str, connection: Connection | None = None) -> Job:

@@ -11,7 +11,7 @@ import datetime as dt
 import sys
 from typing import Any
 
-from .client import Connection, GpupoolError
+from ._api import EXAMPLE_URL, Connection, GpupoolError
 from .jobs import Job, submit
 
 
@@ -60,7 +60,7 @@ def run(handler: Any, args: argparse.Namespace) -> int:
 
 def connection_options(parser: argparse.ArgumentParser, whose: str = "of yours") -> None:
     """``--url`` and ``--token``, for a command that calls the service (both default to the environment)."""
-    parser.add_argument("--url", help="the service, e.g. http://127.0.0.1:8000/services/gpupool/")
+    parser.add_argument("--url", help=f"the service, e.g. {EXAMPLE_URL}")
     parser.add_argument("--token", help=f"a JupyterHub API token {whose} (default: $JUPYTERHUB_API_TOKEN)")
 
 

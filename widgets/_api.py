@@ -1,0 +1,14 @@
+"""The one API client (:mod:`gpupool.spawner.client`) as the notebook side imports it.
+
+At run time it is ``gpupool.spawner.client``; mypy checks this tree as the packages ``spawner`` and
+``widgets`` (the editable install's import hook is invisible to it), so it reads the same module by that name.
+"""
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from spawner.client import EXAMPLE_URL, Connection, GpupoolError
+else:
+    from gpupool.spawner.client import EXAMPLE_URL, Connection, GpupoolError
+
+__all__ = ["EXAMPLE_URL", "Connection", "GpupoolError"]
