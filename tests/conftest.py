@@ -23,6 +23,7 @@ _HARNESSES = ("hub_harness", "up_harness", "token_hub", "subprocess")
 _BROWSER_MODULES = ("test_browser", "test_gpu_monitor_hub", "test_job_panel_browser")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     starts_processes: dict[str, bool] = {}
     for item in items:
@@ -38,6 +39,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.browser)
         if starts_processes[path.stem]:
             item.add_marker(pytest.mark.e2e)
+        # With workers (pytest -n, --dist loadgroup): a module's tests share one worker and its module-scoped
+        # hub, and every test on the control plane shares the one worker that starts it.
+        item.add_marker(pytest.mark.xdist_group("kube" if item.get_closest_marker("kube") else path.stem))
     # The control plane, once started, runs until the session ends: run the tests that need it last, so it
     # does not take CPU from the timing-sensitive tests (telemetry from real CPU load) that would follow.
     items.sort(key=lambda item: item.get_closest_marker("kube") is not None)

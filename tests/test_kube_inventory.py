@@ -22,7 +22,9 @@ from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.pool.requests import Request, WholeGpus
 from gpupool.spawner.service.jobs.job_manager import JobManager
 from gpupool.spawner.service.kube_pool import load_kube_pool
+from gpupool.spawner.service.leasing.health import HealthKeeper
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager
+from gpupool.spawner.service.store.health_store import HealthStore
 from gpupool.spawner.service.store.job_store import JobStore
 from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
 
@@ -59,7 +61,8 @@ class Service:
         self.jobs = JobManager(
             self.manager, JobStore(self.manager.store.engine), load_profiles(EXAMPLE_PROFILES)
         )
-        self.cluster = self.backend.follow(self.manager, self.jobs)  # the start-up health, applied now
+        self.health = HealthKeeper(self.jobs, HealthStore(self.manager.store.engine))
+        self.cluster = self.backend.follow(self.manager, self.health)  # the start-up health, applied now
 
     def free_a100s(self) -> int:
         return self.manager.availability({"a100": ONE_A100})["a100"][0]

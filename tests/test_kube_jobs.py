@@ -34,7 +34,9 @@ from gpupool.spawner.pool.requests import WholeGpus
 from gpupool.spawner.service.jobs.job_manager import JobManager
 from gpupool.spawner.service.jobs.submission import InvalidJob, Submission
 from gpupool.spawner.service.kube_pool import load_kube_pool
+from gpupool.spawner.service.leasing.health import HealthKeeper
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager
+from gpupool.spawner.service.store.health_store import HealthStore
 from gpupool.spawner.service.store.job_store import JobStore
 from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
 
@@ -69,7 +71,8 @@ class Service:
         self.jobs = JobManager(
             self.manager, JobStore(self.manager.store.engine), PROFILES, grace=1, job_runner=runner
         )
-        self.cluster = self.backend.follow(self.manager, self.jobs)
+        self.health = HealthKeeper(self.jobs, HealthStore(self.manager.store.engine))
+        self.cluster = self.backend.follow(self.manager, self.health)
 
     def run(self, scenario: Callable[[JobManager], Awaitable[None]]) -> None:
         """Run ``scenario`` against the job manager while the service runs (its watches and its job loop)."""

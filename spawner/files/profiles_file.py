@@ -13,6 +13,7 @@ from 1 when the slug is missing or bad) and the field; the loader returns every 
 
 from __future__ import annotations
 
+from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, NoReturn
@@ -204,3 +205,16 @@ def _text(where: _Where, raw: dict[Any, Any], field: str, required: bool = False
     if not isinstance(value, str) or not value.strip():
         where.fail(f"{field} must be non-empty text, got {kind(value)}")
     return value.strip()
+
+
+@lru_cache(maxsize=8)
+def _profiles_at(path: str, mtime_ns: int) -> tuple[Profile, ...]:
+    """The profiles of ``path``, parsed again only when the file changes (``mtime_ns`` is the cache key)."""
+    del mtime_ns
+    return load_profiles(path)
+
+
+def read_profiles(path: str) -> tuple[Profile, ...]:
+    """The profiles in the file at ``path``, parsed again only when it changes (the hub reads it at every
+    spawn); raises the loader's error (naming the file and field) when bad."""
+    return _profiles_at(path, Path(path).stat().st_mtime_ns)

@@ -25,8 +25,6 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Mapping
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -34,8 +32,8 @@ from jupyterhub.spawner import Spawner, SpawnException  # type: ignore[import-un
 from traitlets import Float, Unicode, default, validate
 
 from ..client import Availability, GpupoolError, ServiceClient
-from ..device_env import device_env
-from ..files.profiles_file import EXAMPLE_PROFILES, load_profiles
+from ..device_env import lease_env
+from ..files.profiles_file import EXAMPLE_PROFILES, read_profiles
 from ..names import SERVICE_PREFIX
 from ..pool.profiles import Profile, UnknownProfile
 from . import form
@@ -45,38 +43,11 @@ _STATE_KEY = "gpupool_lease_id"
 _SERVICE_DOWN = (0, 502, 503, 504)  # unreachable, or the proxy's answer while the service is down
 
 
-@lru_cache(maxsize=8)
-def _profiles_at(path: str, mtime_ns: int) -> tuple[Profile, ...]:
-    """The profiles of ``path``, parsed again only when the file changes (``mtime_ns`` is the cache key)."""
-    del mtime_ns
-    return load_profiles(path)
-
-
-def read_profiles(path: str) -> tuple[Profile, ...]:
-    """The profiles in the file at ``path``; raises the loader's error (naming the file and field) when bad."""
-    return _profiles_at(path, Path(path).stat().st_mtime_ns)
-
-
-def lease_env(lease: Mapping[str, Any], service_url: str) -> dict[str, str]:
-    """The environment pinning a server to ``lease`` (a service ``LeaseOut``): its device UUIDs, comma-joined,
-    in ``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES``; for a CPU-only lease no CUDA device and the
-    container runtime's ``void``."""
-    uuids = ",".join(str(device["uuid"]) for device in lease.get("devices") or ())
-    return {
-        **device_env(uuids),
-        "GPUPOOL_LEASE_ID": str(lease["id"]),
-        "GPUPOOL_SERVICE_URL": service_url,
-        "GPUPOOL_PROFILE": str(lease["profile"]),
-    }
-
-
 def _loopback(url: str) -> str:
     """``url`` with an empty or wildcard host replaced by 127.0.0.1, so the hub can call itself through it."""
     parts = urlsplit(url)
-    host = parts.hostname or ""
-    if host in ("", "0.0.0.0", "::"):
-        netloc = "127.0.0.1" + (f":{parts.port}" if parts.port else "")
-        parts = parts._replace(netloc=netloc)
+    if (parts.hostname or "") in ("", "0.0.0.0", "::"):
+        parts = parts._replace(netloc="127.0.0.1" + (f":{parts.port}" if parts.port else ""))
     return urlunsplit(parts)
 
 

@@ -24,8 +24,10 @@ from jupyterhub.spawner import (  # type: ignore[import-untyped]
 )
 from traitlets import Unicode, default
 
+from ..device_env import lease_env
+from ..files.profiles_file import read_profiles
 from . import form
-from .leasing import GpuLeasing, check_user_options, lease_env, read_profiles
+from .leasing import GpuLeasing, check_user_options
 
 
 async def _render_options_form(spawner: LocalGPUSpawner) -> str:
