@@ -19,22 +19,10 @@ from types import ModuleType
 from ..pool.devices import Gpu, GpuMode, Node
 from ..pool.products import UnknownProduct, normalize_product
 from .nvml_access import MIB, NvmlUnavailable, Probe, gpu_count, start, stop, text
-from .nvml_mig import MIG_NAME, mig_handles, mig_profile_for_nvml_id, read_mig
+from .nvml_mig import mig_handles, mig_profile_for_nvml_id, read_mig
 from .simulated import BACKEND_LABEL
 
 log = logging.getLogger(__name__)
-
-# The names nvml_telemetry.py imports from here, for the NVML access both backends share.
-_Probe = Probe
-_MIB, _MIG_NAME, _count, _mig_handles, _start, _stop, _text = (
-    MIB,
-    MIG_NAME,
-    gpu_count,
-    mig_handles,
-    start,
-    stop,
-    text,
-)
 
 
 def nvml_available(nvml: ModuleType | None = None) -> bool:

@@ -20,7 +20,8 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 from ..telemetry.samples import Sample, Snapshot
-from .nvml import _MIB, _MIG_NAME, _count, _mig_handles, _Probe, _start, _stop, _text
+from .nvml_access import MIB, Probe, gpu_count, start, stop, text
+from .nvml_mig import MIG_NAME, mig_handles
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +74,10 @@ class NvmlSampler:
         """Start NVML and find the devices: handles, MIG instances, GPM support, XID event sets."""
         if self._nvml is not None:
             return
-        nvml = _start(self._module)
+        nvml = start(self._module)
         self._nvml = nvml
         try:
-            for index in range(_count(nvml)):
+            for index in range(gpu_count(nvml)):
                 gpu = self._open_gpu(nvml, index)
                 if gpu is not None:
                     self._gpus.append(gpu)
@@ -98,7 +99,7 @@ class NvmlSampler:
                     _quietly(nvml, nvml.nvmlEventSetFree, device.events)
         self._gpus = []
         self._nvml = None
-        _stop(nvml)
+        stop(nvml)
 
     def __enter__(self) -> NvmlSampler:
         self.open()
@@ -127,7 +128,7 @@ class NvmlSampler:
         return Snapshot(at, tuple(samples), simulated=False, backend=self.backend)
 
     def _sample_gpu(self, nvml: ModuleType, gpu: _Device, at: float) -> tuple[Sample, list[tuple[int, int]]]:
-        probe = _Probe(nvml, f"GPU {gpu.gpu_index} on {self.node}")
+        probe = Probe(nvml, f"GPU {gpu.gpu_index} on {self.node}")
         h = gpu.handle
         rates = probe.read("utilization", nvml.nvmlDeviceGetUtilizationRates, h, optional=True)
         memory = probe.read("memory", nvml.nvmlDeviceGetMemoryInfo, h, optional=True)
@@ -160,8 +161,8 @@ class NvmlSampler:
             time=at,
             gpu_utilization=_percent(rates.gpu) if rates is not None else None,
             memory_utilization=_percent(rates.memory) if rates is not None else None,
-            memory_used_mib=int(memory.used) / _MIB if memory is not None else None,
-            memory_total_mib=int(memory.total) / _MIB if memory is not None else None,
+            memory_used_mib=int(memory.used) / MIB if memory is not None else None,
+            memory_total_mib=int(memory.total) / MIB if memory is not None else None,
             temperature_c=float(temperature) if temperature is not None else None,
             power_w=int(power) / 1000 if power is not None else None,  # NVML gives milliwatts
             power_limit_w=int(limit) / 1000 if limit is not None else None,
@@ -176,7 +177,7 @@ class NvmlSampler:
     def _sample_mig(
         self, nvml: ModuleType, device: _Device, parent: Sample, xids: list[tuple[int, int]], at: float
     ) -> Sample:
-        probe = _Probe(nvml, f"MIG {device.mig_profile} {device.uuid} on {self.node}")
+        probe = Probe(nvml, f"MIG {device.mig_profile} {device.uuid} on {self.node}")
         memory = probe.read("memory", nvml.nvmlDeviceGetMemoryInfo, device.handle, optional=True)
         utilization, dram = self._gpm_read(nvml, probe, device)
         return Sample(
@@ -187,8 +188,8 @@ class NvmlSampler:
             time=at,
             gpu_utilization=utilization,
             memory_utilization=dram,
-            memory_used_mib=int(memory.used) / _MIB if memory is not None else None,
-            memory_total_mib=int(memory.total) / _MIB if memory is not None else None,
+            memory_used_mib=int(memory.used) / MIB if memory is not None else None,
+            memory_total_mib=int(memory.total) / MIB if memory is not None else None,
             temperature_c=parent.temperature_c,
             sm_clock_mhz=parent.sm_clock_mhz,
             xid_errors=(
@@ -199,9 +200,7 @@ class NvmlSampler:
             problems=tuple(probe.problems),
         )
 
-    def _gpm_read(
-        self, nvml: ModuleType, probe: _Probe, device: _Device
-    ) -> tuple[float | None, float | None]:
+    def _gpm_read(self, nvml: ModuleType, probe: Probe, device: _Device) -> tuple[float | None, float | None]:
         """Graphics-engine and DRAM-bandwidth utilisation since the previous GPM sample of this instance;
         (None, None) without GPM or before the second sample."""
         gpm = device.gpm
@@ -237,7 +236,7 @@ class NvmlSampler:
         gpm.previous, gpm.current, gpm.primed = gpm.current, gpm.previous, True
         return values
 
-    def _drain_xids(self, nvml: ModuleType, probe: _Probe, gpu: _Device) -> list[tuple[int, int]] | None:
+    def _drain_xids(self, nvml: ModuleType, probe: Probe, gpu: _Device) -> list[tuple[int, int]] | None:
         """XID codes waiting in the GPU's event set, with the GPU instance each names; None on failure."""
         found: list[tuple[int, int]] = []
         for _ in range(_MAX_EVENTS_PER_SAMPLE):
@@ -257,7 +256,7 @@ class NvmlSampler:
     def _open_gpu(self, nvml: ModuleType, index: int) -> _Device | None:
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            uuid = text(nvml.nvmlDeviceGetUUID(handle))
         except nvml.NVMLError as error:
             log.warning("GPU %d on %s cannot be sampled: %s", index, self.node, error)
             return None
@@ -270,10 +269,10 @@ class NvmlSampler:
             return gpu
         problems: list[str] = []
         gpm_on = self._gpm_supported(nvml, handle, uuid)
-        for mig_handle in _mig_handles(nvml, handle, problems):
+        for mig_handle in mig_handles(nvml, handle, problems):
             try:
-                mig_uuid = _text(nvml.nvmlDeviceGetUUID(mig_handle))
-                match = _MIG_NAME.search(_text(nvml.nvmlDeviceGetName(mig_handle)))
+                mig_uuid = text(nvml.nvmlDeviceGetUUID(mig_handle))
+                match = MIG_NAME.search(text(nvml.nvmlDeviceGetName(mig_handle)))
                 instance_id = int(nvml.nvmlDeviceGetGpuInstanceId(mig_handle))
             except nvml.NVMLError as error:
                 problems.append(f"MIG device: {error}")

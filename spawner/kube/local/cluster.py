@@ -22,7 +22,8 @@ from ...backends.simulated import DEMO_POOL, PoolFileError, load_pool_file
 from ...pool.devices import Node
 from .build import BuildError, ensure_built
 from .control_plane import ControlPlane, ControlPlaneError, free_port
-from .kubelet import LogServer, NodeAgent, Obj, PodAddresses, run_forever
+from .kubelet import NodeAgent, Obj, PodAddresses, run_forever
+from .log_server import LogServer
 from .nodes import node_devices, node_object, node_resources
 from .pki import Authority, client_tls
 

@@ -47,7 +47,7 @@ import httpx
 from . import pod_processes
 from .container_env import container_environment, expand
 from .device_plugin import NodeDevices
-from .log_server import LogServer as LogServer
+from .log_server import LogServer
 from .pki import KeyPair, client_tls
 from .pod_processes import Container, RunningPod
 from .statuses import node_status, pod_status
