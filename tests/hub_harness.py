@@ -12,7 +12,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from types import TracebackType
 from typing import Any, NoReturn
 
 import httpx
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHP_BIN = ROOT / ".node" / "node_modules" / ".bin"
@@ -34,14 +34,6 @@ CUSTOM_SCOPES = {
     "custom:gpupool:leases": {"description": "Create and release gpupool leases for any user"},
     "custom:gpupool:admin": {"description": "Read and release every gpupool lease"},
 }
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def free_ports() -> dict[str, int]:

@@ -15,18 +15,14 @@ from pathlib import Path
 
 from kube_cluster import A100, H100, LocalKube, l4_node, own_node, wait_for_file, workload_pod
 
-from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles
+from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES
 from gpupool.spawner.kube.inventory import KubeInventory, connect
 from gpupool.spawner.pool.devices import Health
 from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.pool.requests import Request, WholeGpus
-from gpupool.spawner.service.jobs.job_manager import JobManager
-from gpupool.spawner.service.kube_pool import load_kube_pool
-from gpupool.spawner.service.leasing.health import HealthKeeper
-from gpupool.spawner.service.leasing.lease_manager import LeaseManager
-from gpupool.spawner.service.store.health_store import HealthStore
-from gpupool.spawner.service.store.job_store import JobStore
-from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
+from gpupool.spawner.service.assembly import assemble
+from gpupool.spawner.service.settings import ServiceSettings
+from gpupool.spawner.service.store.lease_store import sqlite_url
 
 ONE_A100 = Request(1000, 1024, WholeGpus(1, frozenset({"A100-40GB"})))
 ONE_L4 = Request(1000, 1024, WholeGpus(1, frozenset({"L4-24GB"})))
@@ -53,16 +49,25 @@ async def watching(kubeconfig: Path, watch_timeout_s: int = 300) -> AsyncIterato
 
 
 class Service:
-    """The service's pool as ``__main__`` wires it for ``GPUPOOL_BACKEND=kubernetes``, without the HTTP API."""
+    """The service as its composition root builds it for ``GPUPOOL_BACKEND=kubernetes``; the tests read its
+    managers and run its cluster watches, not its HTTP API."""
 
     def __init__(self, tmp: Path, kubeconfig: Path) -> None:
-        self.backend = load_kube_pool(str(kubeconfig))
-        self.manager = LeaseManager(self.backend.nodes, LeaseStore(sqlite_url(str(tmp / "leases.sqlite"))))
-        self.jobs = JobManager(
-            self.manager, JobStore(self.manager.store.engine), load_profiles(EXAMPLE_PROFILES)
+        self.service = assemble(
+            ServiceSettings(
+                backend="kubernetes",
+                kubeconfig=str(kubeconfig),
+                kube_job_image="gpupool-singleuser:test",
+                profiles_file=str(EXAMPLE_PROFILES),
+                db_url=sqlite_url(str(tmp / "leases.sqlite")),
+                hub_api_url="http://127.0.0.1:9/hub/api",  # no hub: these tests read the managers directly
+                reconcile_seconds=0,
+                sample_seconds=0,
+            )
         )
-        self.health = HealthKeeper(self.jobs, HealthStore(self.manager.store.engine))
-        self.cluster = self.backend.follow(self.manager, self.health)  # the start-up health, applied now
+        self.manager, self.source = self.service.manager, self.service.parts.source
+        assert self.service.cluster is not None
+        self.cluster = self.service.cluster  # the start-up health, applied now
 
     def free_a100s(self) -> int:
         return self.manager.availability({"a100": ONE_A100})["a100"][0]
@@ -72,7 +77,7 @@ def test_the_initial_pool_has_both_nodes_with_whole_gpus_and_legal_mig_slices(
     kube: LocalKube, tmp_path: Path
 ) -> None:
     service = Service(tmp_path, kube.kubeconfig(tmp_path / "kubeconfig"))
-    assert service.backend.source == f"Kubernetes API at {kube.url}"
+    assert service.source == f"Kubernetes API at {kube.url}"
     nodes = {ns.node.name: ns for ns in service.manager.pool.nodes}
     assert {H100, A100} <= set(nodes)
     h100 = nodes[H100].node

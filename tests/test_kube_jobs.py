@@ -29,23 +29,21 @@ from kube_cluster import (
 from gpupool.spawner.kube.jobs import job_name
 from gpupool.spawner.pool.jobs import Job, JobState
 from gpupool.spawner.pool.leases import LeaseState
-from gpupool.spawner.pool.profiles import Profile
-from gpupool.spawner.pool.requests import WholeGpus
+from gpupool.spawner.service.assembly import assemble
 from gpupool.spawner.service.jobs.job_manager import JobManager
 from gpupool.spawner.service.jobs.submission import InvalidJob, Submission
 from gpupool.spawner.service.kube_pool import load_kube_pool
-from gpupool.spawner.service.leasing.health import HealthKeeper
-from gpupool.spawner.service.leasing.lease_manager import LeaseManager
-from gpupool.spawner.service.store.health_store import HealthStore
-from gpupool.spawner.service.store.job_store import JobStore
-from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
+from gpupool.spawner.service.settings import ServiceSettings
+from gpupool.spawner.service.store.lease_store import sqlite_url
 
 IMAGE = "registry.example.org/gpupool-singleuser:1.0"
-PROFILES = [
-    Profile("a100", "One A100", 2000, 4096, WholeGpus(1, frozenset({"A100-40GB"})), max_lifetime=3600),
-    Profile("l4", "One L4", 2000, 4096, WholeGpus(1, frozenset({"L4-24GB"})), max_lifetime=3600),
-    Profile("short", "One A100 for 3 s", 2000, 4096, WholeGpus(1, frozenset({"A100-40GB"})), max_lifetime=3),
-]
+PROFILES = """
+profiles:
+  - {slug: a100, display_name: One A100, gpus: {count: 1, products: [A100-40GB]}, cpu: 2, memory: 4GiB, max_lifetime: 1h}
+  - {slug: l4, display_name: One L4, gpus: {count: 1, products: [L4-24GB]}, cpu: 2, memory: 4GiB, max_lifetime: 1h}
+  - {slug: short, display_name: One A100 for 3 s, gpus: {count: 1, products: [A100-40GB]}, cpu: 2, memory: 4GiB,
+     max_lifetime: 3}
+"""
 SERVICE_URL = "http://gpupool.jhub.svc:10101/services/gpupool/"
 
 
@@ -56,8 +54,8 @@ def until_file(path: Path, *lines: str, exit_code: int = 0) -> list[str]:
 
 
 class Service:
-    """The service's pool and jobs as ``__main__`` wires them for ``GPUPOOL_BACKEND=kubernetes``, in a
-    namespace of the test's own, as the manifests' ServiceAccount."""
+    """The service as its composition root builds it for ``GPUPOOL_BACKEND=kubernetes``, in a namespace of the
+    test's own, as the manifests' ServiceAccount; the tests drive its job manager and watches."""
 
     def __init__(self, kube: LocalKube, tmp: Path, queue: str = "") -> None:
         self.kube = kube
@@ -65,14 +63,26 @@ class Service:
         for user in ("alice", "bob"):
             home_claim(kube, self.namespace, user)
         kubeconfig = service_account_kubeconfig(kube, self.namespace, tmp / "kubeconfig")
-        self.backend = load_kube_pool(str(kubeconfig), self.namespace)
-        self.manager = LeaseManager(self.backend.nodes, LeaseStore(sqlite_url(str(tmp / "leases.sqlite"))))
-        runner = self.backend.job_runner(image=IMAGE, grace=1, service_url=SERVICE_URL, queue=queue)
-        self.jobs = JobManager(
-            self.manager, JobStore(self.manager.store.engine), PROFILES, grace=1, job_runner=runner
+        (tmp / "profiles.yaml").write_text(PROFILES)
+        self.service = assemble(
+            ServiceSettings(
+                backend="kubernetes",
+                kubeconfig=str(kubeconfig),
+                kube_namespace=self.namespace,
+                kube_job_image=IMAGE,
+                kueue_queue=queue,
+                service_url=SERVICE_URL,
+                job_grace_seconds=1,
+                profiles_file=str(tmp / "profiles.yaml"),
+                db_url=sqlite_url(str(tmp / "leases.sqlite")),
+                hub_api_url="http://127.0.0.1:9/hub/api",  # no hub: these tests call the managers directly
+                reconcile_seconds=0,
+                sample_seconds=0,
+            )
         )
-        self.health = HealthKeeper(self.jobs, HealthStore(self.manager.store.engine))
-        self.cluster = self.backend.follow(self.manager, self.health)
+        self.manager, self.jobs = self.service.manager, self.service.jobs
+        assert self.service.cluster is not None
+        self.cluster = self.service.cluster
 
     def run(self, scenario: Callable[[JobManager], Awaitable[None]]) -> None:
         """Run ``scenario`` against the job manager while the service runs (its watches and its job loop)."""

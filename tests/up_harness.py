@@ -12,7 +12,6 @@ import importlib.util
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from ports import free_port
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
 from gpupool.spawner.hub.up import find_proxy
@@ -29,24 +29,9 @@ LOGIN_LINE = re.compile(r"Log in at (\S+) as demo with password (\S+)")
 XSRF_FIELD = re.compile(r'name="_xsrf"\s+value="([^"]+)"')
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def free_port_family() -> int:
     """A port that is free together with the ``+1``, ``+81`` and ``+2101`` ports ``gpupool up`` derives."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port: int = s.getsockname()[1]
-        if port + 2101 < 65536 and all(_free(port + d) for d in (0, 1, 81, 2101)):
-            return port
-    pytest.fail("no free port with free +1, +81 and +2101 neighbours")
+    return free_port((0, 1, 81, 2101))
 
 
 def require_proxy() -> None:
