@@ -27,7 +27,7 @@ _LINE = re.compile(r"import time:\s+\d+ \|\s+(\d+) \| (\s*)(\S+)")
 CASES = (
     ("JupyterHub's own spawner module (the baseline the hub pays anyway)", (), "jupyterhub.spawner"),
     ("gpupool's spawner, on top of JupyterHub's", ("jupyterhub.spawner",), "gpupool.spawner.hub.spawner"),
-    ("the gpupool service (FastAPI, SQLAlchemy, NumPy placement)", (), "gpupool.spawner.service.__main__"),
+    ("the gpupool service (FastAPI, SQLAlchemy, NumPy placement)", (), "gpupool.spawner.service.assembly"),
     ("the notebook widgets package", (), "gpupool.widgets"),
 )
 

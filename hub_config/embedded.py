@@ -23,6 +23,9 @@ c.JupyterHub.hub_ip = "127.0.0.1"
 c.JupyterHub.hub_port = settings.hub_port
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{settings.proxy_api_port}"
 c.ConfigurableHTTPProxy.command = [settings.proxy_command]
+# Routes for the hub and the services as soon as the proxy runs, not once every service answers: the login
+# page does not wait on the gpupool service's start, and requests for the service wait on its port.
+c.JupyterHub.proxy_class = "gpupool.spawner.hub.proxy.RoutedAtStartProxy"
 
 # All state in one folder, so a restart (or another folder) is a clean, separate hub. The proxy token is
 # kept too: a proxy left running by a killed hub is then picked up again instead of blocking the port.

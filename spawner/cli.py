@@ -7,42 +7,48 @@ import argparse
 import importlib
 import json
 import sys
-from collections.abc import Sequence
-from importlib.metadata import version
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import yaml
-
-from .backends.discovery import discover_pool
-from .backends.simulated import PoolFileError
-from .bench.placement import run_placement
-from .bench.trace import TraceError, load_nodes, load_pods
-from .files.profiles_file import EXAMPLE_PROFILES, load_profiles
-from .files.quotas_file import QuotaFileError, load_quotas
 from .hub import up
-from .inventory import describe_pool, render_pool
-from .kube.deploy import ServiceDeployment, service_manifests
-from .kube.manifests import ManifestError
-from .pool import mig
-from .pool.policies import POLICIES
-from .pool.profiles import ProfileError
-from .pool.state import PoolState
+
+# Each command imports what it needs when it runs: ``gpupool up`` becomes JupyterHub, and every import before
+# that is time the hub's login page waits (NumPy, the kubelet's web server and the service's API client, which
+# the other commands need, cost it 0.3 s).
+
+if TYPE_CHECKING:
+    from .pool import mig
 
 JOB_COMMANDS = ("submit", "jobs", "logs", "cancel")
 ADMIN_COMMANDS = ("drain", "undrain")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    args = _parse(list(sys.argv[1:] if argv is None else argv))
     try:
         if args.command in (*JOB_COMMANDS, *ADMIN_COMMANDS):  # clients of the service: one way to fail
             code: int = _job_commands().run(args.handler, args)
             return code
         result: int = args.handler(args)
         return result
-    except (
+    except BrokenPipeError:  # `gpupool pool --json | head`: the reader has what it wanted
+        sys.stderr.close()
+        return 0
+    except _user_errors() as error:  # evaluated only when something was raised
+        print(f"gpupool: {error}", file=sys.stderr)
+        return 2
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """The errors that mean a bad file or argument: one line for the user, no traceback."""
+    from .backends.simulated import PoolFileError
+    from .bench.trace import TraceError
+    from .files.quotas_file import QuotaFileError
+    from .kube.manifests import ManifestError
+    from .pool import mig
+    from .pool.profiles import ProfileError
+
+    return (
         PoolFileError,
         TraceError,
         mig.NotMigCapable,
@@ -51,18 +57,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         ProfileError,
         QuotaFileError,
         ManifestError,
-    ) as error:
-        print(f"gpupool: {error}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # `gpupool pool --json | head`: the reader has what it wanted
-        sys.stderr.close()
-        return 0
+    )
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpupool", description=__doc__)
+class _NeedsWholeParser(Exception):
+    """The one-command parser met something (an error) that the whole command line's parser should answer."""
+
+
+class _OneCommandParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _NeedsWholeParser(message)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed by a parser of its command alone when that command's parser lives here (``gpupool up``
+    then does not import the other commands' modules), else, and for any error, by the whole parser: help
+    and error messages are the same either way."""
+    if argv and argv[0] in OWN_COMMANDS:
+        try:
+            return _parser(only=argv[0]).parse_args(argv)
+        except _NeedsWholeParser:
+            pass
+    return _parser().parse_args(argv)
+
+
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``only``, a parser that knows that one of :data:`OWN_COMMANDS`."""
+    parser_class = argparse.ArgumentParser if only is None else _OneCommandParser
+    parser = parser_class(prog="gpupool", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    if only is not None:
+        OWN_COMMANDS[only](commands)
+        return parser
+    for add in OWN_COMMANDS.values():
+        add(commands)
+    _add_kube(commands)
+    _job_commands().add_job_commands(commands)
+    _admin_commands().add_admin_commands(commands)
+    return parser
 
+
+def _add_up(commands: Any) -> None:
     hub = commands.add_parser(
         "up", help="run JupyterHub with the gpupool service on this machine (a demo login on loopback)"
     )
@@ -101,6 +136,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     hub.set_defaults(handler=_up)
 
+
+def _add_pool(commands: Any) -> None:
     pool = commands.add_parser("pool", help="show the inventory and what is free")
     pool.add_argument(
         "--pool", metavar="FILE", help="a pool file (simulated backend); default: this host's GPUs"
@@ -108,6 +145,8 @@ def _parser() -> argparse.ArgumentParser:
     pool.add_argument("--json", action="store_true", help="print JSON instead of text")
     pool.set_defaults(handler=_pool)
 
+
+def _add_mig(commands: Any) -> None:
     mig_parser = commands.add_parser("mig", help="MIG geometry of a GPU product")
     mig_commands = mig_parser.add_subparsers(dest="mig_command", required=True)
     check = mig_commands.add_parser("check", help="exit 0 when these MIG instances fit one GPU together")
@@ -120,6 +159,10 @@ def _parser() -> argparse.ArgumentParser:
     layouts.add_argument("product")
     layouts.add_argument("--json", action="store_true", help="print every layout with its placements as JSON")
     layouts.set_defaults(handler=_mig_layouts)
+
+
+def _add_bench(commands: Any) -> None:
+    from .pool.policies import POLICIES
 
     bench = commands.add_parser("bench", help="benchmarks")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True)
@@ -135,6 +178,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     placement.add_argument("--json", action="store_true")
     placement.set_defaults(handler=_bench_placement)
+
+
+def _add_kube(commands: Any) -> None:
+    from importlib.metadata import version
+
+    from .files.profiles_file import EXAMPLE_PROFILES
+    from .pool.policies import POLICIES
 
     kube = commands.add_parser("kube", help="gpupool on Kubernetes")
     kube_commands = kube.add_subparsers(dest="kube_command", required=True)
@@ -171,10 +221,6 @@ def _parser() -> argparse.ArgumentParser:
     manifests.set_defaults(handler=_kube_manifests)
     _local_cluster().add_up_command(kube_commands)
 
-    _job_commands().add_job_commands(commands)
-    _admin_commands().add_admin_commands(commands)
-    return parser
-
 
 def _job_commands() -> Any:
     """The job commands live on the notebook side (``gpupool.widgets``, a client of the service's API); the
@@ -202,11 +248,15 @@ def _up(args: argparse.Namespace) -> int:
         demo_login=args.demo_login,
         kubeconfig=args.kubeconfig,
     )
-    up.run(prepared)  # does not return: this process becomes JupyterHub
+    up.run(prepared)  # this process becomes JupyterHub, until it stops
     return 0
 
 
 def _pool(args: argparse.Namespace) -> int:
+    from .backends.discovery import discover_pool
+    from .inventory import describe_pool, render_pool
+    from .pool.state import PoolState
+
     found = discover_pool(args.pool)
     if found.note:
         print(f"gpupool: {found.note}", file=sys.stderr)
@@ -216,6 +266,8 @@ def _pool(args: argparse.Namespace) -> int:
 
 
 def _mig_check(args: argparse.Namespace) -> int:
+    from .pool import mig
+
     geo = mig.geometry(args.product)
     pinned = [_pinned(geo, text) for text in args.profiles if "@" in text]
     free = [text for text in args.profiles if "@" not in text]
@@ -232,6 +284,8 @@ def _mig_check(args: argparse.Namespace) -> int:
 
 
 def _pinned(geo: mig.Geometry, text: str) -> mig.Placement:
+    from .pool import mig
+
     profile, _, start = text.partition("@")
     geo.profile(profile)  # an unknown name raises with the product's list
     if not start.isdigit():
@@ -240,6 +294,8 @@ def _pinned(geo: mig.Geometry, text: str) -> mig.Placement:
 
 
 def _mig_layouts(args: argparse.Namespace) -> int:
+    from .pool import mig
+
     geo = mig.geometry(args.product)
     layouts = mig.maximal_layouts(geo)
     if args.json:
@@ -268,6 +324,9 @@ def _mig_layouts(args: argparse.Namespace) -> int:
 
 
 def _bench_placement(args: argparse.Namespace) -> int:
+    from .bench.placement import run_placement
+    from .bench.trace import load_nodes, load_pods
+
     run = run_placement(load_nodes(args.nodes), load_pods(args.pods), args.policy, args.seed, args.inflate)
     if args.json:
         print(json.dumps(run.as_dict()))
@@ -287,6 +346,14 @@ def _bench_placement(args: argparse.Namespace) -> int:
 
 def _kube_manifests(args: argparse.Namespace) -> int:
     """The files are checked as the service would check them, so a bad one fails here, not in the pod."""
+    from pathlib import Path
+
+    import yaml
+
+    from .files.profiles_file import load_profiles
+    from .files.quotas_file import load_quotas
+    from .kube.deploy import ServiceDeployment, service_manifests
+
     load_profiles(args.profiles)
     if args.quotas:
         load_quotas(args.quotas)
@@ -311,6 +378,15 @@ def _positive(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number such as 1.3, got {text}")
     return value
+
+
+# The commands whose parsers live here, in the order the help lists them (before kube, jobs and drain).
+OWN_COMMANDS: dict[str, Callable[[Any], None]] = {
+    "up": _add_up,
+    "pool": _add_pool,
+    "mig": _add_mig,
+    "bench": _add_bench,
+}
 
 
 if __name__ == "__main__":

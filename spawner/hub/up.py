@@ -2,8 +2,8 @@
 
 :func:`prepare` checks everything a start needs (proxy binary, pool, demo login only on loopback), creates the
 state folder and its secrets, and returns the command line and environment of the hub; :func:`run` prints
-what the user needs and then *becomes* the hub (``exec``), so Ctrl-C and SIGTERM reach JupyterHub directly
-and it stops the proxy and the services it started.
+what the user needs and then *becomes* the hub (JupyterHub runs in this process, in that environment), so
+Ctrl-C and SIGTERM reach JupyterHub directly and it stops the proxy and the services it started.
 
 The embedded configuration, ``hub_config/embedded.py``, reads the :class:`UpSettings` from the environment
 variable ``GPUPOOL_UP`` (JSON) and derives every port, path and secret from them; ``-f`` files are loaded
@@ -23,10 +23,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..backends.discovery import DiscoveredPool, discover_pool
 from ..files.quotas_file import EXAMPLE_QUOTAS
 from ..names import SERVICE_NAME, SERVICE_PREFIX
+
+if TYPE_CHECKING:
+    from ..backends.discovery import DiscoveredPool
 
 ENV = "GPUPOOL_UP"
 SERVICE = SERVICE_NAME
@@ -272,11 +275,16 @@ def roles(admins: list[str]) -> list[dict[str, object]]:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A ready start: the hub's command line and environment, and the lines to print first."""
+    """A ready start: JupyterHub's arguments and environment, and the lines to print first."""
 
-    argv: list[str]
+    hub_args: list[str]
     env: dict[str, str]
     messages: list[str]
+
+    @property
+    def argv(self) -> list[str]:
+        """The same start as a command line of its own (``python -m jupyterhub …``)."""
+        return [sys.executable, "-m", "jupyterhub", *self.hub_args]
 
 
 def prepare(
@@ -306,6 +314,9 @@ def prepare(
         raise UpError("--pool and --kubeconfig: choose one; on Kubernetes the pool is the cluster's nodes")
     if kubeconfig is not None and not Path(kubeconfig).is_file():
         raise UpError(f"--kubeconfig {kubeconfig}: no such file (gpupool kube up prints the path of its own)")
+    # here, not at the top: the hub's process imports this module too (embedded.py) and discovers nothing
+    from ..backends.discovery import discover_pool
+
     found = None if kubeconfig else discover_pool(pool)
     state = Path(state_dir).resolve()
     state.mkdir(parents=True, exist_ok=True)
@@ -333,11 +344,10 @@ def prepare(
         )
     else:
         messages.append(f"JupyterHub at {settings.public_url}")
-    argv = [sys.executable, "-m", "jupyterhub", "-f", str(embedded_config())]
     env = dict(environ) | {ENV: settings.to_env()}
     if settings.kubeconfig:
         env["KUBECONFIG"] = settings.kubeconfig  # KubeSpawner's client reads it when first imported
-    return Prepared(argv, env, messages)
+    return Prepared(["-f", str(embedded_config())], env, messages)
 
 
 def pool_line(found: DiscoveredPool) -> str:
@@ -352,8 +362,14 @@ def embedded_config() -> Path:
 
 
 def run(prepared: Prepared) -> None:
-    """Print the start-up lines and replace this process with JupyterHub."""
+    """Print the start-up lines, then run JupyterHub in this process, in the prepared environment, until it
+    stops. As ``exec`` of :attr:`Prepared.argv` would, less a second interpreter's start and the imports this
+    one has done already (a tenth of a second of the login page's wait)."""
     for line in prepared.messages:
         print(line, flush=True)
     sys.stderr.flush()
-    os.execve(prepared.argv[0], prepared.argv, prepared.env)
+    os.environ.clear()
+    os.environ.update(prepared.env)  # before JupyterHub imports anything that reads it (KUBECONFIG)
+    from jupyterhub.app import main  # type: ignore[import-untyped]
+
+    main(argv=prepared.hub_args)

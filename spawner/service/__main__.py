@@ -15,12 +15,6 @@ import os
 import socket
 import sys
 
-import uvicorn
-
-from ..backends.simulated import PoolFileError
-from ..files.quotas_file import QuotaFileError
-from ..pool.profiles import ProfileError
-from .assembly import assemble
 from .settings import ServiceSettings
 
 log = logging.getLogger("gpupool.service")
@@ -33,6 +27,15 @@ def main(argv: list[str] | None = None) -> None:
     # The port first: a second service (say, one a restarted hub starts while the old one still serves)
     # must stop here, before it opens the store and writes to it behind the running one's back.
     listener = bind(*settings.listen)
+    # Then the rest (FastAPI, SQLAlchemy, NumPy: most of a second): from here on, a request (the hub's check
+    # that the service is up, a user's through the proxy) waits on the bound port instead of being refused.
+    import uvicorn
+
+    from ..backends.simulated import PoolFileError
+    from ..files.quotas_file import QuotaFileError
+    from ..pool.profiles import ProfileError
+    from .assembly import assemble
+
     try:
         service = assemble(settings)
     except (PoolFileError, ProfileError, QuotaFileError) as error:  # one clear line, not a traceback
