@@ -299,21 +299,7 @@ def prepare(
     environ: Mapping[str, str] = os.environ,
 ) -> Prepared:
     """Check the request, create the state folder and its secrets; raise :class:`UpError` saying what to fix."""
-    if demo_login and not is_loopback(ip):
-        raise UpError(
-            f"the demo login (one user, a printed password) only listens on this machine, not on --ip {ip}; "
-            "serve other machines with the production configuration: "
-            "`jupyterhub -f hub_config/jupyterhub_config.py` (or pass --no-demo-login and an authenticator in -f)"
-        )
-    for extra in extra_config:
-        if not Path(extra).is_file():
-            raise UpError(f"-f {extra}: no such file")
-    if pool is not None and not Path(pool).is_file():
-        raise UpError(f"--pool {pool}: no such file")
-    if kubeconfig is not None and pool is not None:
-        raise UpError("--pool and --kubeconfig: choose one; on Kubernetes the pool is the cluster's nodes")
-    if kubeconfig is not None and not Path(kubeconfig).is_file():
-        raise UpError(f"--kubeconfig {kubeconfig}: no such file (gpupool kube up prints the path of its own)")
+    _check_request(ip, pool, extra_config, demo_login, kubeconfig)
     # here, not at the top: the hub's process imports this module too (embedded.py) and discovers nothing
     from ..backends.discovery import discover_pool
 
@@ -348,6 +334,26 @@ def prepare(
     if settings.kubeconfig:
         env["KUBECONFIG"] = settings.kubeconfig  # KubeSpawner's client reads it when first imported
     return Prepared(["-f", str(embedded_config())], env, messages)
+
+
+def _check_request(
+    ip: str, pool: str | None, extra_config: tuple[str, ...], demo_login: bool, kubeconfig: str | None
+) -> None:
+    if demo_login and not is_loopback(ip):
+        raise UpError(
+            f"the demo login (one user, a printed password) only listens on this machine, not on --ip {ip}; "
+            "serve other machines with the production configuration: "
+            "`jupyterhub -f hub_config/jupyterhub_config.py` (or pass --no-demo-login and an authenticator in -f)"
+        )
+    for extra in extra_config:
+        if not Path(extra).is_file():
+            raise UpError(f"-f {extra}: no such file")
+    if pool is not None and not Path(pool).is_file():
+        raise UpError(f"--pool {pool}: no such file")
+    if kubeconfig is not None and pool is not None:
+        raise UpError("--pool and --kubeconfig: choose one; on Kubernetes the pool is the cluster's nodes")
+    if kubeconfig is not None and not Path(kubeconfig).is_file():
+        raise UpError(f"--kubeconfig {kubeconfig}: no such file (gpupool kube up prints the path of its own)")
 
 
 def pool_line(found: DiscoveredPool) -> str:
