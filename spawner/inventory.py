@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from .pool.devices import FULL_MILLI, GpuMode
 from .pool.state import PoolState
 
 
-def describe_pool(state: PoolState, backend: str, source: str) -> dict[str, Any]:
-    """A JSON-ready inventory of ``state``; ``backend`` is "simulated" or "nvml" and always shown."""
+def describe_pool(
+    state: PoolState, backend: str, source: str, shown: Callable[[str], str] = str
+) -> dict[str, Any]:
+    """A JSON-ready inventory of ``state``; ``backend`` is "simulated" or "nvml" and always shown. ``shown``
+    turns each holder (a lease id) into what the reader may see of it."""
     nodes = []
     holders_by_device: dict[str, list[str]] = {}
     for allocation in state.allocations.values():
         for grant in allocation.grants:
-            holders_by_device.setdefault(grant.uuid, []).append(allocation.owner)
+            holders_by_device.setdefault(grant.uuid, []).append(shown(allocation.owner))
     for ns in state.nodes:
         gpus = []
         for position, gpu in enumerate(ns.gpus):

@@ -219,3 +219,10 @@ def test_the_embedded_config_loads_and_names_only_real_options(
     assert config.SharedPasswordAuthenticator.admin_password == demo_password(tmp_path / "state")
     (service,) = (s for s in config.JupyterHub.services if s["name"] == "gpupool")
     assert service["environment"]["GPUPOOL_POOL"] == str(DEMO_POOL.resolve())
+
+
+def test_the_state_folder_is_closed_to_other_accounts_even_one_made_before(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)  # as an earlier release, or an admin's mkdir, left it
+    prepare(state_dir=state, pool=str(DEMO_POOL))
+    assert state.stat().st_mode & 0o777 == 0o700

@@ -44,6 +44,7 @@ USERS = {
     "hub-token": {"name": "hub", "kind": "service", "scopes": [LEASES_SCOPE]},
     "alice-token": {"name": "alice", "kind": "user", "scopes": [ACCESS]},
     "bob-token": {"name": "bob", "kind": "user", "scopes": [ACCESS]},
+    "bare-service-token": {"name": "reporter", "kind": "service", "scopes": [ACCESS]},
 }
 MIB = 2**20
 BUSY = "while True: pass"
@@ -124,6 +125,13 @@ class Client:
     def get(self, path: str, token: str | None) -> httpx.Response:
         headers = {"Authorization": f"token {token}"} if token else {}
         return self.runner.run(self.http.get(f"{PREFIX}{path}", headers=headers))
+
+    def post(self, path: str, token: str | None, body: str) -> httpx.Response:
+        """``body`` as sent, not re-encoded: a test may send what Python's JSON would refuse to write."""
+        headers = {"Content-Type": "application/json"} | (
+            {"Authorization": f"token {token}"} if token else {}
+        )
+        return self.runner.run(self.http.post(f"{PREFIX}{path}", headers=headers, content=body))
 
     def wait_for(self, condition: Callable[[], bool], deadline_s: float = 30) -> None:
         async def poll() -> None:

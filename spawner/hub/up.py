@@ -306,6 +306,7 @@ def prepare(
     found = None if kubeconfig else discover_pool(pool)
     state = Path(state_dir).resolve()
     state.mkdir(parents=True, exist_ok=True)
+    state.chmod(0o700)  # the databases, the proxy's token and the cookie secret: no one else's to read
     settings = UpSettings(
         state_dir=str(state),
         ip=ip,

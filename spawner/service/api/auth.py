@@ -97,6 +97,13 @@ class Authenticator:
                 f"{caller.kind} {caller.name} may not use the {self.service_name} service: the token lacks "
                 f"access:services!service={self.service_name}; ask an administrator to grant it in a role",
             )
+        if caller.kind == "service" and not caller.sees_everyone:
+            # a service acts for no user of its own: without the hub's scope it could only make orphan leases
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                f"service {caller.name} may not use the {self.service_name} service: a service needs "
+                f"{LEASES_SCOPE} (the hub's spawners, the culler) or {ADMIN_SCOPE}",
+            )
         return caller
 
     async def identify(self, token: str) -> Caller:

@@ -48,7 +48,11 @@ class WarningIn(BaseModel):
     user: str = Field(min_length=1)
     server: str = Field("", description="the server's name; empty for the default server")
     lease_id: str | None = Field(None, description="the server's lease; the warning ends with it")
-    cull_at: float = Field(description="when the server will be stopped at the earliest (epoch seconds)")
+    cull_at: float = Field(
+        strict=True,
+        allow_inf_nan=False,
+        description="when the server will be stopped at the earliest (epoch s)",
+    )
     reason: str = Field(min_length=1, description="why, in words a user reads")
 
 

@@ -6,6 +6,7 @@ it saves and only adds lock waits under load.
 """
 
 # No ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, status
@@ -19,12 +20,22 @@ from .auth import Caller
 from .context import CallerDep, PartsDep, ServiceParts
 from .models import KubePlacement, LeaseOut, LeaseRequest, ProfileOut
 
+ANOTHER_USER = "another user"
+
 router = APIRouter()
 
 
 @router.get("/pool", summary="The pool: nodes, GPUs, MIG slices, shares, what is free, health")
-async def get_pool(parts: PartsDep, _caller: CallerDep) -> dict[str, Any]:
-    return parts.manager.inspect(lambda pool: describe_pool(pool, parts.backend, parts.source))
+async def get_pool(parts: PartsDep, caller: CallerDep) -> dict[str, Any]:
+    shown = str if caller.sees_everyone else _holders_shown_to(parts.manager, caller.name)
+    return parts.manager.inspect(lambda pool: describe_pool(pool, parts.backend, parts.source, shown))
+
+
+def _holders_shown_to(manager: LeaseManager, user: str) -> Callable[[str], str]:
+    """A user sees the ids of their own leases on the devices; another user's lease is only "another user"
+    (its id would let them read its owner's activity through the culler's API)."""
+    own = {lease.id for lease in manager.leases_for(user, active_only=True)}
+    return lambda holder: holder if holder in own or holder.startswith("outside:") else ANOTHER_USER
 
 
 @router.get("/profiles", summary="The profiles the caller may use, with availability")

@@ -166,11 +166,14 @@ class JobRequest(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
     max_runtime: float | None = Field(
         default=None,
+        allow_inf_nan=False,
         description="seconds one run may take, or a duration such as 2h, 30m, 1d; default and limit: the "
         "profile's max_lifetime",
     )
     priority_class: str = Field(default="batch", description='"batch" (default) or "low"')
-    retries: int = Field(default=2, ge=0, le=20, description="times the pool may requeue it after a fault")
+    retries: int = Field(
+        default=2, ge=0, le=20, strict=True, description="times the pool may requeue it after a fault"
+    )
     submission_id: str | None = Field(
         default=None,
         min_length=1,
@@ -181,7 +184,11 @@ class JobRequest(BaseModel):
     @field_validator("max_runtime", mode="before")
     @classmethod
     def _duration(cls, value: object) -> object:
-        """``"2h"`` and the like become seconds; numbers pass through to the field's own check."""
+        """``"2h"`` and the like become seconds; numbers pass through to the field's own check (finite only)."""
+        if isinstance(value, bool):  # JSON true is not one second
+            raise ValueError(
+                f"expected seconds or a duration such as 2h, 30m or 1d, got {str(value).lower()}"
+            )
         if isinstance(value, str):
             seconds = parse_duration(value)
             if seconds is None:

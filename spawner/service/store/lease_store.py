@@ -10,6 +10,7 @@ field names of the profiles file (``gpus``, ``mig``, ``share``); devices as a JS
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, replace
 from typing import Any, cast
 
@@ -230,6 +231,8 @@ def _engine(url: str) -> Engine:
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True)
     in_memory = parsed.database in (None, "", ":memory:")
+    if not in_memory:
+        _private_file(str(parsed.database))
     # One shared connection for an in-memory database, or every connection would see an empty one.
     options: dict[str, Any] = {"poolclass": StaticPool} if in_memory else {}
     engine = create_engine(url, connect_args={"check_same_thread": False}, **options)
@@ -246,6 +249,13 @@ def _engine(url: str) -> Engine:
         cursor.close()
 
     return engine
+
+
+def _private_file(path: str) -> None:
+    """Create the database file readable by its owner only (jobs' environments are in it), before SQLite
+    does with the umask's 0644; its WAL and shared-memory files take the same mode from it."""
+    os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+    os.chmod(path, 0o600)  # an existing file from before keeps no wider mode
 
 
 def _lease(row: LeaseRow) -> Lease:

@@ -1,0 +1,92 @@
+"""What a hostile or careless caller sends the service, refused with a sentence naming the field: numbers
+that are not numbers, a service token without the hub's scope, and a pool view that names other users'
+leases. The service as ``assemble`` builds it, over ASGI, with a stand-in hub for tokens."""
+
+from __future__ import annotations
+
+import json
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_telemetry_api import USERS, Client, Service
+from token_hub import token_hub
+
+from gpupool.spawner.pool.requests import Request
+from gpupool.spawner.service.api.lease_routes import ANOTHER_USER
+
+
+@pytest.fixture(scope="module")
+def hub_api() -> Iterator[str]:
+    with token_hub(USERS) as url:
+        yield url
+
+
+JOB = {"command": ["true"], "profile": "cpu"}
+
+
+@pytest.mark.parametrize(("value", "why"), [("NaN", "finite"), ("Infinity", "finite"), ("true", "true")])
+def test_a_max_runtime_that_is_not_a_number_of_seconds_is_refused(
+    tmp_path: Path, hub_api: str, value: str, why: str
+) -> None:
+    service = Service(tmp_path, hub_api)
+    body = json.dumps(JOB)[:-1] + f', "max_runtime": {value}}}'
+    with Client(service.app) as client:
+        answer = client.post("api/v1/jobs", "alice-token", body)
+    assert answer.status_code == 400 and answer.json()["fields"] == ["max_runtime"], answer.text
+    assert why in answer.json()["detail"]
+    assert service.parts.jobs.all_jobs() == []  # nothing stored
+
+
+@pytest.mark.parametrize("value", ["false", "NaN", '"soon"'])
+def test_a_cull_warning_without_a_time_is_refused(tmp_path: Path, hub_api: str, value: str) -> None:
+    service = Service(tmp_path, hub_api)
+    body = f'{{"user": "alice", "reason": "idle", "cull_at": {value}}}'
+    with Client(service.app) as client:
+        answer = client.post("api/v1/warnings", "hub-token", body)
+        assert client.get("api/v1/warnings", "hub-token").json() == []
+    assert answer.status_code == 400 and answer.json()["fields"] == ["cull_at"], answer.text
+
+
+def test_a_service_without_the_hubs_scope_can_take_no_lease(tmp_path: Path, hub_api: str) -> None:
+    service = Service(tmp_path, hub_api)
+    body = json.dumps({"profile": "h100", "owner_kind": "job", "owner_name": "ghost"})
+    with Client(service.app) as client:
+        answer = client.post("api/v1/leases", "bare-service-token", body)
+        pool = client.get("api/v1/pool", "bare-service-token")
+    assert answer.status_code == 403 and "custom:gpupool:leases" in answer.json()["detail"]
+    assert pool.status_code == 403
+    assert not [lease for lease in service.manager.all_leases() if lease.user == "reporter"]
+
+
+def test_a_user_sees_which_devices_are_held_but_only_their_own_lease_ids(
+    tmp_path: Path, hub_api: str
+) -> None:
+    service = Service(tmp_path, hub_api)  # alice holds a 3g.40gb slice, bob an H100, carol four H100s
+    with Client(service.app) as client:
+        mine = client.get("api/v1/pool", "alice-token").json()
+        everything = client.get("api/v1/pool", "admin-token").json()
+
+    def holders(pool: dict[str, Any]) -> list[str]:
+        found: list[str] = []
+        for node in pool["nodes"]:
+            for gpu in node["gpus"]:
+                found += gpu["holders"] + [h for mig in gpu["mig"] for h in mig["holders"]]
+        return found
+
+    others = {service.bob.id, service.carol[0].id}
+    assert service.alice.id in holders(mine) and not others & set(holders(mine))
+    assert holders(mine).count(ANOTHER_USER) == 1 + 4  # bob's H100 and carol's four: held, not whose
+    assert others <= set(holders(everything))
+
+
+def test_the_lease_database_is_readable_by_its_owner_only(tmp_path: Path, hub_api: str) -> None:
+    Service(tmp_path, hub_api).manager.request_lease(
+        "alice", [], "server", "x", "cpu", Request(1000, 1024, None)
+    )
+    files = [p for p in tmp_path.iterdir() if p.name.startswith("leases.sqlite")]
+    assert {p.name for p in files} >= {"leases.sqlite", "leases.sqlite-wal"}
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
