@@ -1,6 +1,7 @@
 """A system account to run test jobs as: jobs never run as root, and tests here often do.
 
-As root, ``job_user()`` creates the account ``gpupool-job-test`` (with a home) if it is missing, idempotently;
+As root, ``job_user()`` creates the account ``gpupool-job-test`` (``gpupool-job-test-gw1`` in pytest-xdist's worker
+gw1; with a home) if it is missing, idempotently;
 otherwise the tests run jobs as the current user in the service's simple mode (homes under a scratch folder).
 """
 
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import numpy
 
-JOB_USER = "gpupool-job-test"
+# One account per pytest-xdist worker: a worker cleaning its account's home never touches another's jobs.
+JOB_USER = "gpupool-job-test" + os.environ.get("PYTEST_XDIST_WORKER", "").replace("gw", "-gw")
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "examples" / "train_with_checkpoints.py"
 
