@@ -24,6 +24,7 @@ from ports import free_port
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
 from gpupool.spawner.hub.up import find_proxy
+from gpupool.spawner.names import API_PATH, SERVICE_PREFIX
 
 LOGIN_LINE = re.compile(r"Log in at (\S+) as demo with password (\S+)")
 XSRF_FIELD = re.compile(r'name="_xsrf"\s+value="([^"]+)"')
@@ -70,6 +71,9 @@ def up_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "gpupool.spawner.cli", "up", *args]
 
 
+READY_PAGES = ("/hub/login", f"{SERVICE_PREFIX}{API_PATH}/openapi.json")
+
+
 def start_up(
     tmp: Path,
     state: Path,
@@ -80,7 +84,7 @@ def start_up(
     pool: tuple[str, ...] = ("--pool", str(DEMO_POOL)),
 ) -> Up:
     """Start ``gpupool up`` on the demo pool (or what ``pool`` says, e.g. ``("--kubeconfig", path)``) and
-    return once /hub/login answers 200; fail with its log."""
+    return once /hub/login and the service's API answer 200; fail with its log."""
     log = tmp / f"up-{time.monotonic_ns()}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -99,13 +103,14 @@ def start_up(
         if match:
             up.password = match.group(2)
             try:
-                if httpx.get(f"{up.url}/hub/login", timeout=2).status_code == 200:
+                # the login page answers before the service does (the proxy routes both at once): wait for both
+                if all(httpx.get(f"{up.url}{page}", timeout=2).status_code == 200 for page in READY_PAGES):
                     return up
             except httpx.HTTPError:
                 pass
         time.sleep(0.2)
     up.stop()
-    pytest.fail(f"/hub/login did not answer 200 at {up.url} within {timeout:g}s:\n{up.log_tail()}")
+    pytest.fail(f"{READY_PAGES} did not answer 200 at {up.url} within {timeout:g}s:\n{up.log_tail()}")
 
 
 def extra_config(tmp: Path) -> Path:

@@ -40,9 +40,10 @@ def raise_for_problem(response: httpx.Response) -> None:
 
 
 def answer(response: httpx.Response) -> Any:
-    """The JSON body of a successful response, or the :class:`GpupoolError` it stands for."""
+    """The JSON body of a successful response (None for one without a body, such as a 204), or the
+    :class:`GpupoolError` it stands for."""
     raise_for_problem(response)
-    return response.json()
+    return response.json() if response.content else None
 
 
 def text(response: httpx.Response) -> str:

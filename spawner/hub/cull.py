@@ -35,9 +35,8 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
-from ..names import API_PATH, SERVICE_PREFIX
+from ..client import Connection, GpupoolError
+from ..names import SERVICE_PREFIX
 
 log = logging.getLogger("IdleCuller.gpupool")  # a child of the culler's own logger, so it shows in its log
 
@@ -144,67 +143,51 @@ def judge(
     return min(found, key=lambda v: v.due_at) if found else None
 
 
-class ServiceUnavailable(RuntimeError):
-    """The gpupool service did not answer as expected; the hook culls nothing this pass."""
-
-
-class _Service:
-    """The calls the hook makes to the gpupool service, with the culler's token."""
-
-    def __init__(self, settings: CullSettings, client: httpx.AsyncClient) -> None:
-        self.base = settings.service_url + API_PATH
-        self.client = client
-        self.headers = {"Authorization": f"token {settings.token}"}
-
-    async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        try:
-            response = await self.client.request(method, self.base + path, headers=self.headers, **kw)
-        except httpx.HTTPError as error:
-            raise ServiceUnavailable(f"{method} {path}: {error}") from error
-        if response.status_code >= 400 and response.status_code != 404:
-            raise ServiceUnavailable(f"{method} {path}: {response.status_code} {response.text[:300]}")
-        return response
+class CullerService(Connection):
+    """The calls the hook makes to the gpupool service, with the culler's token, through the one client: any
+    failure is a :class:`GpupoolError`, and the hook then culls nothing this pass."""
 
     async def activity(self, user: str, server: str, lease_id: str | None) -> dict[str, Any] | None:
         """The server's lease activity; None when it holds no active lease."""
         if lease_id:
-            found = await self._call("GET", f"/activity/leases/{quote(lease_id, safe='')}")
-            if found.status_code == 200 and found.json().get("state") != "released":
-                return dict(found.json())
-        found = await self._call("GET", f"/activity/users/{quote(user, safe='')}", params={"server": server})
-        return dict(found.json()) if found.status_code == 200 else None
+            found = await self._found(f"activity/leases/{quote(lease_id, safe='')}")
+            if found is not None and found.get("state") != "released":
+                return found
+        return await self._found(f"activity/users/{quote(user, safe='')}", params={"server": server})
+
+    async def _found(self, path: str, **kwargs: Any) -> dict[str, Any] | None:
+        try:
+            return dict(await self.acall("GET", path, **kwargs))
+        except GpupoolError as error:
+            if error.status == 404:
+                return None
+            raise
 
     async def warning(self, user: str, server: str) -> dict[str, Any] | None:
-        found = await self._call("GET", "/warnings", params={"user": user})
-        return next((dict(w) for w in found.json() if w.get("server") == server), None)
+        found = await self.acall("GET", "warnings", params={"user": user})
+        return next((dict(w) for w in found if w.get("server") == server), None)
 
     async def warn(self, user: str, server: str, lease_id: str, cull_at: float, reason: str) -> None:
         body = {"user": user, "server": server, "lease_id": lease_id, "cull_at": cull_at, "reason": reason}
-        await self._call("POST", "/warnings", json=body)
+        await self.acall("POST", "warnings", json=body)
 
     async def culled(self, user: str, server: str, lease_id: str, verdict: Verdict) -> None:
-        body = {
-            "user": user,
-            "server": server,
-            "lease_id": lease_id,
-            "limit": verdict.limit,
-            "reason": verdict.reason,
-        }
-        await self._call("POST", "/culls", json=body)
+        body = {"user": user, "server": server, "lease_id": lease_id, "limit": verdict.limit}
+        await self.acall("POST", "culls", json=body | {"reason": verdict.reason})
 
     async def withdraw(self, user: str, server: str) -> None:
-        await self._call("DELETE", f"/warnings/{quote(user, safe='')}", params={"server": server})
+        await self.acall("DELETE", f"warnings/{quote(user, safe='')}", params={"server": server})
 
 
-_clients: dict[int, tuple[CullSettings, _Service]] = {}
+_clients: dict[int, tuple[CullSettings, CullerService]] = {}
 
 
-def _service() -> tuple[CullSettings, _Service]:
-    """The settings and one client per event loop (the culler has one), read from the environment once."""
+def _service() -> tuple[CullSettings, CullerService]:
+    """The settings and the client, read from the environment once per event loop (the culler has one)."""
     key = id(asyncio.get_running_loop())
     if key not in _clients:
         settings = CullSettings.from_env(os.environ)
-        _clients[key] = (settings, _Service(settings, httpx.AsyncClient(timeout=10)))
+        _clients[key] = (settings, CullerService(settings.service_url, settings.token, timeout=10))
     return _clients[key]
 
 
@@ -259,7 +242,7 @@ async def gpupool_cull_arbiter(
             await service.culled(user, name, str(activity["lease_id"]), verdict)
             return True
         return False
-    except ServiceUnavailable as error:
+    except GpupoolError as error:
         log.warning("not culling %s this pass: the gpupool service did not answer (%s)", label, error)
         return False
     except Exception:  # a surprise about one server must not end the culler's pass over the others
