@@ -31,9 +31,11 @@ typecheck: $(STAMP)
 	$(BIN)/mypy spawner widgets
 
 # A failed control-plane build does not stop the other tests: the Kubernetes tests then fail, saying why.
+# Two workers (pytest-xdist): most tests wait on processes they started; a module, and every test on the
+# control plane, stays on one worker (tests/conftest.py).
 pytest: $(STAMP)
 	$(BIN)/python -m gpupool.spawner.kube.local.build || echo "gpupool: the Kubernetes tests will fail (above: why)"
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 # Everything but the tests that start processes, a browser or a cluster (pytest markers e2e, browser, kube).
 test-fast: lint typecheck

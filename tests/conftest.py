@@ -1,5 +1,6 @@
 """Test helpers live beside the tests (``builders``); make them importable."""
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +43,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # With workers (pytest -n, --dist loadgroup): a module's tests share one worker and its module-scoped
         # hub, and every test on the control plane shares the one worker that starts it.
         item.add_marker(pytest.mark.xdist_group("kube" if item.get_closest_marker("kube") else path.stem))
-    # The control plane, once started, runs until the session ends: run the tests that need it last, so it
-    # does not take CPU from the timing-sensitive tests (telemetry from real CPU load) that would follow.
-    items.sort(key=lambda item: item.get_closest_marker("kube") is not None)
+    # The control plane, once started, runs until the session ends. In one process its tests run last, so it
+    # takes no CPU from the timing-sensitive tests (telemetry from real CPU load) that would follow; with
+    # workers they go first, so their worker is not left running them alone at the end.
+    with_workers = "PYTEST_XDIST_WORKER" in os.environ
+    items.sort(key=lambda item: (item.get_closest_marker("kube") is not None) != with_workers)
