@@ -90,3 +90,23 @@ def test_the_lease_database_is_readable_by_its_owner_only(tmp_path: Path, hub_ap
     assert {p.name for p in files} >= {"leases.sqlite", "leases.sqlite-wal"}
     for path in files:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def test_only_an_admin_marks_a_gpu_unhealthy_and_the_mark_lasts_until_repair(
+    tmp_path: Path, hub_api: str
+) -> None:
+    service = Service(tmp_path, hub_api)
+    gpu = json.dumps({"node": "dgx-h100-01", "gpu_index": 7})
+    with Client(service.app) as client:
+        assert client.post("api/v1/admin/faults", "alice-token", gpu).status_code == 403
+        marked = client.post("api/v1/admin/faults", "admin-token", gpu)
+        unknown = client.post(
+            "api/v1/admin/repair", "admin-token", '{"node": "dgx-h100-01", "gpu_index": 99}'
+        )
+    assert marked.status_code == 200 and marked.json()["health"] == "unhealthy", marked.text
+    assert unknown.status_code == 400 and unknown.json()["fields"] == ["gpu_index"]
+    restarted = Service(tmp_path, hub_api)  # the same database: the mark is still there
+    assert restarted.manager.health_of("dgx-h100-01", 7).value == "unhealthy"
+    with Client(restarted.app) as client:
+        repaired = client.post("api/v1/admin/repair", "admin-token", gpu)
+    assert repaired.status_code == 200 and repaired.json()["health"] == "healthy", repaired.text

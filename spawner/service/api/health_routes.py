@@ -15,14 +15,16 @@ The drains and faults themselves live in :class:`..leasing.health.HealthKeeper`.
 annotations`` here: FastAPI must evaluate the route signatures.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, status
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from ...pool.devices import Health
 from .auth import Caller
-from .context import CallerDep, PartsDep
+from .context import CallerDep, PartsDep, ServiceParts
 from .models import Problem
 
 
@@ -75,37 +77,19 @@ def _admin_only(caller: Caller, what: str) -> None:
 @router.post("/drain", response_model=MarkedOut, summary="Drain a node or GPU: no new work; jobs requeued")
 async def post_drain(body: DeviceRequest, parts: PartsDep, caller: CallerDep) -> Any:
     _admin_only(caller, "drain")
-    try:
-        stopped, servers = parts.health.drain(body.node, body.gpu_index, f"{caller.kind} {caller.name}")
-    except KeyError as error:
-        return _unknown(body, error)
-    health = parts.manager.health_of(body.node, body.gpu_index)
-    return MarkedOut(
-        node=body.node, gpu_index=body.gpu_index, health=health, stopped_jobs=stopped, servers=servers
-    )
+    return _marked(parts, body, caller, parts.health.drain)
 
 
 @router.post("/undrain", response_model=HealthOut, summary="Undrain a node or GPU; queued work is admitted")
 async def post_undrain(body: DeviceRequest, parts: PartsDep, caller: CallerDep) -> Any:
     _admin_only(caller, "undrain")
-    try:
-        health = parts.health.undrain(body.node, body.gpu_index)
-    except KeyError as error:
-        return _unknown(body, error)
-    return HealthOut(node=body.node, gpu_index=body.gpu_index, health=health)
+    return _lifted(body, parts.health.undrain)
 
 
 @router.post("/faults", response_model=MarkedOut, summary="Mark a node or GPU unhealthy until it is repaired")
 async def post_fault(body: DeviceRequest, parts: PartsDep, caller: CallerDep) -> Any:
     _admin_only(caller, "mark devices unhealthy")
-    try:
-        stopped, servers = parts.health.fault(body.node, body.gpu_index, f"{caller.kind} {caller.name}")
-    except KeyError as error:
-        return _unknown(body, error)
-    health = parts.manager.health_of(body.node, body.gpu_index)
-    return MarkedOut(
-        node=body.node, gpu_index=body.gpu_index, health=health, stopped_jobs=stopped, servers=servers
-    )
+    return _marked(parts, body, caller, parts.health.fault)
 
 
 @router.post(
@@ -113,8 +97,27 @@ async def post_fault(body: DeviceRequest, parts: PartsDep, caller: CallerDep) ->
 )
 async def post_repair(body: DeviceRequest, parts: PartsDep, caller: CallerDep) -> Any:
     _admin_only(caller, "repair")
+    return _lifted(body, parts.health.repair)
+
+
+Mark = Callable[[str, int | None, str], tuple[list[str], list[str]]]
+
+
+def _marked(parts: ServiceParts, body: DeviceRequest, caller: Caller, mark: Mark) -> Any:
+    """Apply ``mark`` (drain or fault) as the caller; what it did, or a 400 naming an unknown device."""
     try:
-        health = parts.health.repair(body.node, body.gpu_index)
+        stopped, servers = mark(body.node, body.gpu_index, f"{caller.kind} {caller.name}")
+    except KeyError as error:
+        return _unknown(body, error)
+    health = parts.manager.health_of(body.node, body.gpu_index)
+    return MarkedOut(
+        node=body.node, gpu_index=body.gpu_index, health=health, stopped_jobs=stopped, servers=servers
+    )
+
+
+def _lifted(body: DeviceRequest, lift: Callable[[str, int | None], Health]) -> Any:
+    try:
+        health = lift(body.node, body.gpu_index)
     except KeyError as error:
         return _unknown(body, error)
     return HealthOut(node=body.node, gpu_index=body.gpu_index, health=health)
