@@ -55,6 +55,12 @@ class Up:
     def log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
 
+    def gpupool_lines(self) -> str:
+        """The log's lines from gpupool's spawner and service (leases asked for, granted, released), whatever
+        the hub's own debug output around them."""
+        lines = self.log.read_text(errors="replace").splitlines()
+        return "\n".join(line for line in lines if "gpupool" in line and "oauth" not in line.lower())[-6000:]
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)  # the hub: it stops its proxy and services
