@@ -19,7 +19,7 @@ from job_user import clean_home, job_user
 from gpupool.spawner.backends.nvml_telemetry import NvmlSampler
 from gpupool.spawner.client import GpupoolError
 from gpupool.spawner.pool.devices import Health
-from gpupool.spawner.pool.jobs import JobState
+from gpupool.spawner.pool.job_states import JobState
 from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.pool.profiles import Profile
 from gpupool.spawner.pool.requests import Request, WholeGpus

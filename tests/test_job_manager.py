@@ -15,7 +15,7 @@ import pytest
 from builders import gpu, node
 from job_user import clean_home, job_user, python_with_numpy, train_script, user_dir
 
-from gpupool.spawner.pool.jobs import JobState
+from gpupool.spawner.pool.job_states import JobState
 from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.pool.profiles import Profile
 from gpupool.spawner.pool.quotas import Quota, QuotaExceeded, QuotaPolicy

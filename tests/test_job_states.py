@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpupool.spawner.pool.fair_share import UsageSpan, recent_usage
-from gpupool.spawner.pool.jobs import (
+from gpupool.spawner.pool.job_states import (
     InvalidTransition,
     Job,
     JobState,

@@ -16,7 +16,7 @@ from pathlib import Path
 from kube_cluster import A100, H100, LocalKube, l4_node, own_node, wait_for_file, workload_pod
 
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES
-from gpupool.spawner.kube.inventory import KubeInventory, connect
+from gpupool.spawner.kube.node_watch import KubeInventory, connect
 from gpupool.spawner.pool.devices import Health
 from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.pool.requests import Request, WholeGpus

@@ -26,8 +26,8 @@ from kube_cluster import (
     service_account_kubeconfig,
 )
 
-from gpupool.spawner.kube.jobs import job_name
-from gpupool.spawner.pool.jobs import Job, JobState
+from gpupool.spawner.kube.job_manifests import job_name
+from gpupool.spawner.pool.job_states import Job, JobState
 from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.service.assembly import assemble
 from gpupool.spawner.service.jobs.job_manager import JobManager

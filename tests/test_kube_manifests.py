@@ -15,7 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes_validate.utils import latest_version, major_minor
 
-from gpupool.spawner.kube import jobs, pods
+from gpupool.spawner.kube import job_manifests as jobs
+from gpupool.spawner.kube import pods
 from gpupool.spawner.kube.grant import KubeGrant
 from gpupool.spawner.kube.manifests import (
     KUEUE_QUEUE_LABEL,

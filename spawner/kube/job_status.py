@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .jobs import MAIN_CONTAINER
+from .job_manifests import MAIN_CONTAINER
 
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")  # what the Job controller labels pods with
 

@@ -3,7 +3,7 @@
 gpupool builds its Kubernetes objects the way KubeSpawner's ``objects.py`` does: pure functions from plain
 values to plain dicts (the JSON the API server takes), with no client, no cluster and no clock, so that every
 manifest can be built and schema-checked in a test. This module holds what they share; the builders are in
-:mod:`.pods` (a notebook server's pod), :mod:`.jobs` (a training job's ``batch/v1`` Job) and :mod:`.deploy`
+:mod:`.pods` (a notebook server's pod), :mod:`.job_manifests` (a training job's ``batch/v1`` Job) and :mod:`.deploy`
 (the gpupool service's own Deployment, Service and RBAC).
 
 Names. Kubernetes names and label values have narrow alphabets, and JupyterHub user names do not

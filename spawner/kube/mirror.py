@@ -4,7 +4,7 @@
 them from the list's ``resourceVersion`` in the background: a watch that ends resumes from the last version
 seen, a version the API server no longer keeps (410 Gone) makes it list afresh, and other errors are retried
 after ``retry_s``. It is the job runner's cache (:mod:`...service.kube_runner`) and the inventory's nodes and
-pods (:mod:`.inventory`). Readers on the event loop read :attr:`Mirror.objects` (key -> the API's plain
+pods (:mod:`.node_watch`). Readers on the event loop read :attr:`Mirror.objects` (key -> the API's plain
 dict) without awaiting anything; :meth:`Mirror.remember` puts in an object this process just wrote, so a
 reader sees its own create before the watch reports it.
 """

@@ -1,5 +1,5 @@
 """The service on Kubernetes (``GPUPOOL_BACKEND=kubernetes``): the pool from the cluster's Nodes, kept in step
-with it by the inventory's watches (:mod:`..kube.inventory`).
+with it by the inventory's watches (:mod:`..kube.node_watch`).
 
 - **The pool** is read once at start-up (a list of Nodes and Pods before the lease manager exists, since the
   pool's nodes are fixed for the manager's life). A node that joins later, or whose MIG layout changes, is
@@ -32,10 +32,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from ..kube.inventory import KubeInventory, connect
-from ..kube.jobs import JobSettings, home_claim_name
+from ..kube.job_manifests import JobSettings, home_claim_name
 from ..kube.labels import SHARED_RESOURCE
 from ..kube.manifests import ManifestError
+from ..kube.node_watch import KubeInventory, connect
 from ..kube.resources import outside_use
 from ..pool.devices import Node
 from ..telemetry.samples import Snapshot

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ...pool.jobs import Job
+from ...pool.job_states import Job
 from ...pool.leases import Lease
 from ...pool.profiles import Profile, parse_duration
 from ...pool.state import Grant

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from ...pool.devices import Health
-from ...pool.jobs import Job, JobState, StopRequest, priority_of
+from ...pool.job_states import Job, JobState, StopRequest, priority_of
 from ...pool.leases import Lease, LeaseState, new_lease_id
 from ...pool.profiles import Profile, find_profile
 from ...pool.quotas import QuotaExceeded

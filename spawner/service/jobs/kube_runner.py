@@ -1,6 +1,6 @@
 """The Kubernetes job runner: each attempt of a gpupool job is a ``batch/v1`` Job on its lease's node.
 
-The Job comes from the pure builder (:func:`...kube.jobs.training_job`): the single-user image, the user's home
+The Job comes from the pure builder (:func:`...kube.job_manifests.training_job`): the single-user image, the user's home
 claim, the lease's node affinity and resource limits (:func:`...kube.resources.kube_grant`),
 ``GPUPOOL_CHECKPOINT_DIR`` on the home volume, ``activeDeadlineSeconds`` from the maximum runtime, and a pod
 failure policy. Each attempt gets its own Job, ``gpupool-job-<id>-<attempt>``, so a requeued run never waits
@@ -48,14 +48,14 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from ...kube.job_manifests import MAIN_CONTAINER, JobSettings, job_name, training_job
 from ...kube.job_status import disrupted_pod, finished_condition, main_exit_code, owner_job, true_condition
-from ...kube.jobs import MAIN_CONTAINER, JobSettings, job_name, training_job
 from ...kube.labels import SHARED_RESOURCE
 from ...kube.manifests import COMPONENT_LABEL, MANAGED_BY, JsonDict, ManifestError
 from ...kube.mirror import Mirror, Obj
 from ...kube.resources import NotOnNode, kube_grant
 from ...pool.devices import Node
-from ...pool.jobs import Job
+from ...pool.job_states import Job
 from ...pool.leases import Lease
 from .processes import Identity
 from .runner import Launched, LaunchError, Outcome

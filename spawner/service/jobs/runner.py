@@ -20,7 +20,7 @@ import subprocess
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from ...pool.jobs import Job, JobState, StopRequest
+from ...pool.job_states import Job, JobState, StopRequest
 from ...pool.leases import Lease
 from . import processes
 

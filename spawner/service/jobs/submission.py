@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ...pool.jobs import DEFAULT_JOB_CLASS, PRIORITY_CLASSES, USER_JOB_CLASSES, Job
+from ...pool.job_states import DEFAULT_JOB_CLASS, PRIORITY_CLASSES, USER_JOB_CLASSES, Job
 from ...pool.leases import Lease
 from ...pool.profiles import Profile
 from .processes import Identity, find_executable

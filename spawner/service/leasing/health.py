@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...pool.devices import Health
-from ...pool.jobs import Job
+from ...pool.job_states import Job
 from ...telemetry.samples import Sample, Snapshot
 from ..jobs.job_manager import JobManager
 from ..store.health_store import HealthStore, StoredMark, device_key

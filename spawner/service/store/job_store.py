@@ -32,7 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column, sessionmaker
 
-from ...pool.jobs import FINISHED, Job, JobState, StopRequest, Transition
+from ...pool.job_states import FINISHED, Job, JobState, StopRequest, Transition
 from .schema import Base
 
 
