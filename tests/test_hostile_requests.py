@@ -110,3 +110,16 @@ def test_only_an_admin_marks_a_gpu_unhealthy_and_the_mark_lasts_until_repair(
     with Client(restarted.app) as client:
         repaired = client.post("api/v1/admin/repair", "admin-token", gpu)
     assert repaired.status_code == 200 and repaired.json()["health"] == "healthy", repaired.text
+
+
+def test_a_revoked_token_changes_nothing_even_while_its_answer_is_cached(tmp_path: Path) -> None:
+    tokens = dict(USERS)  # the stand-in hub reads this as it is at each call
+    with token_hub(tokens) as api:
+        service = Service(tmp_path, api)
+        warning = json.dumps({"user": "alice", "reason": "idle", "cull_at": 2e9})
+        with Client(service.app) as client:
+            assert client.get("api/v1/warnings", "hub-token").status_code == 200  # now cached
+            del tokens["hub-token"]  # revoked in the hub
+            refused = client.post("api/v1/warnings", "hub-token", warning)
+            assert refused.status_code == 403, refused.text
+            assert client.get("api/v1/warnings", "admin-token").json() == []

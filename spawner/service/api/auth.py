@@ -4,7 +4,8 @@ and the gpupool scopes they carry.
 The service keeps no users of its own. A request's token (``Authorization: token …`` or ``Bearer …``, or for
 reads the cookie of a browser logged in through the hub, see :mod:`.browser_login`) goes to
 ``HubAuth.user_for_token``, which asks ``GET {JUPYTERHUB_API_URL}/user`` and caches the answer for
-``cache_max_age`` seconds under a hash of the token, so a busy spawner costs the hub one call a minute.
+``cache_max_age`` seconds under a hash of the token, so reading costs the hub one call a minute per token; a
+change (a lease, a job, a warning) is checked afresh, so a token the hub has revoked can change nothing.
 
 Scopes, as JupyterHub grants them through roles (declare the custom ones in ``c.JupyterHub.custom_scopes``):
 
@@ -84,12 +85,14 @@ class Authenticator:
         return cls(hub_auth, service_name)
 
     async def caller(self, request: Request, authorization: str | None) -> Caller:
-        """The caller of ``request``: its token must be one the hub knows, allowed to use this service."""
-        return await self.check(token_of(request, authorization))
+        """The caller of ``request``: its token must be one the hub knows, allowed to use this service. A
+        change (anything but GET and HEAD) asks the hub afresh, so a revoked token changes nothing."""
+        fresh = request.method not in ("GET", "HEAD")
+        return await self.check(token_of(request, authorization), fresh=fresh)
 
-    async def check(self, token: str) -> Caller:
+    async def check(self, token: str, *, fresh: bool = False) -> Caller:
         """The token's owner, who must be allowed to use this service (403 otherwise)."""
-        caller = await self.identify(token)
+        caller = await self.identify(token, fresh=fresh)
         access = {"access:services", f"access:services!service={self.service_name}"}
         if caller.scopes.isdisjoint(access | {LEASES_SCOPE, ADMIN_SCOPE}):
             raise HTTPException(
@@ -106,10 +109,10 @@ class Authenticator:
             )
         return caller
 
-    async def identify(self, token: str) -> Caller:
-        """The token's owner as the hub (or HubAuth's cache) describes it."""
+    async def identify(self, token: str, *, fresh: bool = False) -> Caller:
+        """The token's owner as the hub (or, unless ``fresh``, HubAuth's cache) describes it."""
         try:
-            model = await self.hub_auth.user_for_token(token, sync=False)
+            model = await self.hub_auth.user_for_token(token, use_cache=not fresh, sync=False)
         except TornadoHTTPError as error:
             raise HTTPException(
                 status.HTTP_502_BAD_GATEWAY, f"cannot check the token with JupyterHub: {error.log_message}"
