@@ -123,3 +123,13 @@ def test_a_revoked_token_changes_nothing_even_while_its_answer_is_cached(tmp_pat
             refused = client.post("api/v1/warnings", "hub-token", warning)
             assert refused.status_code == 403, refused.text
             assert client.get("api/v1/warnings", "admin-token").json() == []
+
+
+def test_a_body_that_is_not_json_is_refused_as_the_body_not_a_byte_offset(
+    tmp_path: Path, hub_api: str
+) -> None:
+    service = Service(tmp_path, hub_api)
+    with Client(service.app) as client:
+        answer = client.post("api/v1/jobs", "alice-token", '{"command": ["true"], "profile": ')
+    assert answer.status_code == 400 and answer.json()["fields"] == ["body"], answer.text
+    assert answer.json()["detail"].startswith("body: not valid JSON")

@@ -175,3 +175,11 @@ def test_a_working_dir_that_escapes_the_home_by_dots_or_symlink_is_refused(
     ok = check(identity, working_dir=str(inside))
     assert ok.working_dir == str(inside.resolve())
     assert ok.max_runtime == 3600  # the profile's limit is the default
+
+
+def test_an_unknown_command_is_refused_without_showing_the_services_path(
+    identity: processes.Identity,
+) -> None:
+    with pytest.raises(InvalidJob) as refused:
+        check(identity, command=["no-such-program-gpupool"])
+    assert os.environ["PATH"] not in str(refused.value) and "full path" in str(refused.value)

@@ -68,6 +68,10 @@ def _problem_handlers(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         fields, sentences = [], []
         for error in exc.errors():
+            if error["type"] == "json_invalid":  # its location is a byte offset, not a field
+                fields.append("body")
+                sentences.append(f"body: not valid JSON ({error['ctx'].get('error', 'unreadable')})")
+                continue
             where = ".".join(str(part) for part in error["loc"] if part not in ("body", "query", "path"))
             where = where or "body"
             fields.append(where)
