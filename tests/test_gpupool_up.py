@@ -7,6 +7,7 @@ stopped with SIGTERM, which JupyterHub passes on to the proxy and the services i
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import subprocess
 import time
@@ -226,3 +227,24 @@ def test_the_state_folder_is_closed_to_other_accounts_even_one_made_before(tmp_p
     state.mkdir(mode=0o755)  # as an earlier release, or an admin's mkdir, left it
     prepare(state_dir=state, pool=str(DEMO_POOL))
     assert state.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("variable", ["GPUPOOL_PROFILES", "GPUPOOL_QUOTAS"])
+def test_a_broken_profiles_or_quotas_file_stops_gpupool_up_on_the_terminal_before_anything_starts(
+    tmp_path: Path, variable: str
+) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(
+        "profiles: [{slug: Not A Slug}]\\n" if variable == "GPUPOOL_PROFILES" else "users: 7\\n"
+    )
+    port = free_port_family()
+    result = subprocess.run(
+        up_command("--port", str(port), "--pool", str(DEMO_POOL), "--state-dir", str(tmp_path / "state")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ | {variable: str(broken)},
+    )
+    assert result.returncode != 0 and str(broken) in result.stderr, result.stderr
+    with pytest.raises(httpx.ConnectError):  # no proxy (or anything else) left listening
+        httpx.get(f"http://127.0.0.1:{port}/hub/login", timeout=2)

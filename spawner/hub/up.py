@@ -300,6 +300,7 @@ def prepare(
 ) -> Prepared:
     """Check the request, create the state folder and its secrets; raise :class:`UpError` saying what to fix."""
     _check_request(ip, pool, extra_config, demo_login, kubeconfig)
+    _check_data_files(environ)
     # here, not at the top: the hub's process imports this module too (embedded.py) and discovers nothing
     from ..backends.discovery import discover_pool
 
@@ -355,6 +356,19 @@ def _check_request(
         raise UpError("--pool and --kubeconfig: choose one; on Kubernetes the pool is the cluster's nodes")
     if kubeconfig is not None and not Path(kubeconfig).is_file():
         raise UpError(f"--kubeconfig {kubeconfig}: no such file (gpupool kube up prints the path of its own)")
+
+
+def _check_data_files(environ: Mapping[str, str]) -> None:
+    """Read the profiles and quotas the hub and the service will read, now: a mistake (the loaders name the
+    file, line and field) stops ``gpupool up`` on the terminal before anything starts."""
+    from ..files.profiles_file import EXAMPLE_PROFILES, load_profiles
+    from ..files.quotas_file import load_quotas
+
+    try:
+        load_profiles(environ.get("GPUPOOL_PROFILES") or EXAMPLE_PROFILES)
+        load_quotas(environ.get("GPUPOOL_QUOTAS") or EXAMPLE_QUOTAS)
+    except (OSError, ValueError) as error:
+        raise UpError(str(error)) from None
 
 
 def pool_line(found: DiscoveredPool) -> str:
