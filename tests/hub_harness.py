@@ -311,16 +311,17 @@ class RunningHub:
         return self.tokens[name]
 
     def crash(self) -> None:
-        """``kill -9`` the hub process alone, as the kernel's OOM killer would: its proxy, its managed service
-        and its servers run in sessions of their own and live on (see :meth:`restart`)."""
+        """``kill -9`` the hub process alone, as the kernel's OOM killer would: its proxy and its servers run in
+        sessions of their own and live on; its managed service ends with it (see :mod:`gpupool.spawner.orphans`)."""
         assert self.process is not None
         self.process.send_signal(signal.SIGKILL)
         self.process.wait()
 
     def restart(self) -> None:
         """Start the hub again on the same config and database (after :meth:`crash`) and wait for it. It
-        stops the proxy it finds in its pid file and starts its own; a service that outlived the old hub keeps
-        the port, so the hub's new one cannot bind it and the old one goes on serving."""
+        stops the proxy it finds in its pid file and starts its own, and a new service, which restores every
+        lease and the queue from the store (a service started by hand, not the hub's, would still hold the
+        port: the new one then stops and the old one goes on serving)."""
         self.start()
         self.wait_up()
 

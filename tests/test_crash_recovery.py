@@ -6,10 +6,9 @@ into two 3g.40gb MIG slices), its proxy, the service as a managed service reconc
 operator would: the hub is started again on the same config and database; a dead service is started by hand
 (the hub itself restarts a dead managed service only on its 30-second poll).
 
-What a ``kill -9`` of the hub leaves, as these tests rely on it: the proxy, the managed service and the
-single-user servers run in sessions of their own and live on. The restarted hub stops the old proxy (its pid
-file) and starts its own; its new service process cannot bind the port the old one still holds, so the old
-service goes on serving. After every scenario :func:`_check_pool` asserts the invariant: the active leases are
+What a ``kill -9`` of the hub leaves, as these tests rely on it: the proxy and the single-user servers run in
+sessions of their own and live on; the managed service ends with the hub. The restarted hub stops the old
+proxy (its pid file) and starts its own, and a new service that restores every lease and the queue. After every scenario :func:`_check_pool` asserts the invariant: the active leases are
 exactly those of the ready servers (one each), no device is in two leases, ``GET pool`` shows every other
 device free, and every single-user process runs on the active lease of its own server.
 """
@@ -17,6 +16,7 @@ device free, and every single-user process runs on the active lease of its own s
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -251,4 +251,17 @@ def test_a_killed_service_comes_back_with_every_lease_once_and_a_queued_spawn_go
 
         _stop(hub, admin, "alice")
         _stop(hub, admin, "carol")
+        assert _check_pool(hub, admin, all_devices) == {}
+
+
+def test_a_spawn_started_while_the_service_is_down_waits_for_it(hub: Hub, all_devices: set[str]) -> None:
+    with hub.admin() as admin:
+        hub.kill_service()
+        _start(hub, admin, "alice", "mig-3g")  # the spawner cannot reach the service: it waits
+        time.sleep(3)
+        assert _server(hub, admin, "alice") is not None  # still starting, not failed
+        hub.start_service()
+        _wait_ready(hub, admin, "alice")
+        assert set(_check_pool(hub, admin, all_devices)) == {"alice"}
+        _stop(hub, admin, "alice")
         assert _check_pool(hub, admin, all_devices) == {}

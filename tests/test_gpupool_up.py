@@ -248,3 +248,47 @@ def test_a_broken_profiles_or_quotas_file_stops_gpupool_up_on_the_terminal_befor
     assert result.returncode != 0 and str(broken) in result.stderr, result.stderr
     with pytest.raises(httpx.ConnectError):  # no proxy (or anything else) left listening
         httpx.get(f"http://127.0.0.1:{port}/hub/login", timeout=2)
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The processes whose parent is ``pid``, with their command lines."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found[int(stat.parent.name)] = (
+                    (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                )
+    return found
+
+
+def test_a_hub_killed_with_minus_9_takes_its_service_and_culler_along(start: tuple[Path, int]) -> None:
+    tmp, port = start
+    up = start_up(tmp, tmp / "state", port, extra_config(tmp))
+    try:
+
+        def managed() -> set[int]:
+            lines = _children(up.process.pid).items()
+            return {pid for pid, line in lines if "gpupool.spawner.service" in line or "idle_culler" in line}
+
+        deadline = time.monotonic() + 30
+        while len(managed()) < 2 and time.monotonic() < deadline:  # the culler starts after the login page
+            time.sleep(0.2)
+        started = managed()
+        assert len(started) == 2, _children(up.process.pid)
+        up.process.kill()  # no shutdown: the hub cannot stop its services itself
+        up.process.wait()
+        deadline = time.monotonic() + 20
+        while started and time.monotonic() < deadline:
+            started = {pid for pid in started if _alive(pid)}
+            time.sleep(0.2)
+        assert not started, f"still running after the hub was killed: {started}"
+    finally:
+        up.stop()
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for a parent that is gone."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False

@@ -18,6 +18,7 @@ import os
 import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -142,3 +143,11 @@ class Connection:
                 yield from response.iter_bytes()
         except httpx.HTTPError as error:
             raise errors.unreachable(self.api_url, error) from error
+
+
+def loopback(url: str) -> str:
+    """``url`` with an empty or wildcard host replaced by 127.0.0.1, so the hub can call itself through it."""
+    parts = urlsplit(url)
+    if (parts.hostname or "") in ("", "0.0.0.0", "::"):
+        parts = parts._replace(netloc="127.0.0.1" + (f":{parts.port}" if parts.port else ""))
+    return urlunsplit(parts)

@@ -7,12 +7,11 @@ Lifecycle contract, on top of JupyterHub's:
 
 - ``apply_user_options`` (and again ``start``): resolve the ``profile`` slug (none: the default profile); an
   unknown one is a 400 listing the slugs the user may start, one the user's groups may not use a 403.
-- ``start()``: release any lease the service still holds for this server (a crash of the hub or the service
-  left it), then create a lease; while it is queued, poll it every ``lease_poll_interval`` seconds and report
-  the queue position through ``progress()`` (a service that does not answer meanwhile is waited for: it
-  restores the queue from its store); give up shortly before ``start_timeout``, releasing the lease, with a
-  message saying what it waited for. Once granted, :meth:`GpuLeasing.apply_lease` pins the server to it and
-  the base spawner starts it.
+- ``start()``: release any lease the service still holds for this server (a crash left it), then create a
+  lease; while it is queued, poll it every ``lease_poll_interval`` seconds and report the queue position
+  through ``progress()``. A service that does not answer (restarting: it restores the queue from its store)
+  is waited for. Give up shortly before ``start_timeout``, releasing the lease, saying what it waited for.
+  Once granted, :meth:`GpuLeasing.apply_lease` pins the server to it and the base spawner starts it.
 - ``get_state``/``load_state`` keep the lease id beside the base spawner's state, so a restarted hub still
   knows it.
 - ``stop()``, or a ``poll()`` that finds the server gone: the lease is released, once per spawner (the
@@ -26,12 +25,13 @@ import asyncio
 import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from jupyterhub.spawner import Spawner, SpawnException  # type: ignore[import-untyped]
 from traitlets import Float, Unicode, default, validate
 
 from ..client import Availability, GpupoolError, ServiceClient
+from ..client.connection import loopback
 from ..device_env import lease_env
 from ..files.profiles_file import EXAMPLE_PROFILES, read_profiles
 from ..names import SERVICE_PREFIX
@@ -41,14 +41,6 @@ from . import form
 TOKEN_ENV = "GPUPOOL_API_TOKEN"
 _STATE_KEY = "gpupool_lease_id"
 _SERVICE_DOWN = (0, 502, 503, 504)  # unreachable, or the proxy's answer while the service is down
-
-
-def _loopback(url: str) -> str:
-    """``url`` with an empty or wildcard host replaced by 127.0.0.1, so the hub can call itself through it."""
-    parts = urlsplit(url)
-    if (parts.hostname or "") in ("", "0.0.0.0", "::"):
-        parts = parts._replace(netloc="127.0.0.1" + (f":{parts.port}" if parts.port else ""))
-    return urlunsplit(parts)
 
 
 class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its classes are Any
@@ -121,7 +113,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
     def _default_service_url(self) -> str:
         proxy = (self.user.settings or {}).get("proxy") if self.user is not None else None
         public = getattr(proxy, "public_url", "") or "http://127.0.0.1:8000/"
-        return _loopback(public.rstrip("/") + SERVICE_PREFIX)
+        return loopback(public.rstrip("/") + SERVICE_PREFIX)
 
     @validate("service_url")
     def _validate_service_url(self, proposal: dict[str, Any]) -> str:
@@ -279,15 +271,10 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
             self._starting = False
 
     async def _release_leftovers(self, service: ServiceClient) -> None:
-        """Release every active lease the service still holds for this server before asking for a new one.
-
-        A hub killed while this server's lease was queued (or granted, before its state reached the database)
-        forgets the lease id, and a service killed while a spawn waited keeps a lease the spawner could not
-        release. Reconciliation releases such a lease only while the server is not running or pending, so a
-        user who starts again at once would hold two leases, the old one first in the queue. The hub starts
-        one spawn per server at a time, so no lease of this server can belong to a live start. An unreachable
-        service is left to the request that follows, which fails with the clearer message.
-        """
+        """Release every active lease the service holds for this server before asking for a new one: a killed
+        hub forgets a queued lease's id, a killed service keeps a lease the spawner could not release, and
+        reconciliation would not release it while this start is pending. The hub runs one start per server at
+        a time, so none of them is a live start's. An unreachable service is left to the next request."""
         try:
             leases = await service.active_leases(self.user.name)
         except GpupoolError as error:
@@ -307,15 +294,10 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
 
     async def _lease(self, service: ServiceClient, profile: Profile) -> dict[str, Any]:
         """A granted lease for ``profile``, or an error after releasing whatever was asked for."""
-        try:
-            lease = await service.create_lease(
-                self.user.name, self.user_groups, profile.slug, owner_kind="server", owner_name=self.name
-            )
-        except GpupoolError as error:
-            raise self._refused(error) from error
-        self.lease_id = str(lease["id"])
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(1.0, self.start_timeout - max(2.0, self.lease_poll_interval))
+        lease = await self._create(service, profile, deadline)
+        self.lease_id = str(lease["id"])
         said, down = "", False
         try:
             while lease["state"] == "queued":
@@ -334,14 +316,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
                 try:
                     lease = await service.get_lease(self.lease_id)
                 except GpupoolError as error:
-                    # The service restarting (killed, upgraded) is not the end of the wait: it restores the
-                    # queue from its store, so keep asking until the deadline. Any other answer ends it.
-                    if error.status not in _SERVICE_DOWN:
-                        raise
-                    if not down:
-                        self.log.warning("gpupool: %s: %s; still waiting", self._log_name, error)
-                        self._emit("The gpupool service is not answering; still waiting")
-                        down = True
+                    down = self._waiting_for_service(error, down)  # any other answer ends the wait
                     continue
                 down = False
             if lease["state"] != "granted":
@@ -355,6 +330,31 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
             await self.release_lease()
             raise
         return lease
+
+    async def _create(self, service: ServiceClient, profile: Profile, deadline: float) -> dict[str, Any]:
+        """Ask for the lease; while the service is down (restarting), wait for it until ``deadline``."""
+        down = False
+        while True:
+            try:
+                return await service.create_lease(
+                    self.user.name, self.user_groups, profile.slug, owner_kind="server", owner_name=self.name
+                )
+            except GpupoolError as error:
+                if error.status not in _SERVICE_DOWN or asyncio.get_running_loop().time() >= deadline:
+                    raise self._refused(error) from error
+                down = self._waiting_for_service(error, down)
+            await asyncio.sleep(self.lease_poll_interval)
+            await self._release_leftovers(service)  # in case the lost answer's lease was made after all
+
+    def _waiting_for_service(self, error: GpupoolError, said: bool) -> bool:
+        """A service that does not answer is restarting (it restores leases and the queue from its store): say
+        so once and wait on. Any other error is raised."""
+        if error.status not in _SERVICE_DOWN:
+            raise error
+        if not said:
+            self.log.warning("gpupool: %s: %s; waiting for it", self._log_name, error)
+            self._emit("The gpupool service is not answering; waiting for it")
+        return True
 
     @staticmethod
     def _refused(error: GpupoolError) -> SpawnException:

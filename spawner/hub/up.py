@@ -25,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import orphans
 from ..files.quotas_file import EXAMPLE_QUOTAS
 from ..names import SERVICE_NAME, SERVICE_PREFIX
 
@@ -224,14 +225,14 @@ def culler_config() -> Path:
 def culler_command(timeout: int = 3600, cull_every: int = 60) -> list[str]:
     """jupyterhub-idle-culler with gpupool's arbiter: ``timeout`` applies to servers whose profile sets no
     ``idle_timeout``; passes every ``cull_every`` seconds, so GPU limits and warnings hold to about a minute."""
-    return [
+    culler = [
         sys.executable,
         "-m",
         "jupyterhub_idle_culler",
         f"--timeout={timeout}",
         f"--cull-every={cull_every}",
-        f"--config={culler_config()}",
     ]
+    return orphans.command([*culler, f"--config={culler_config()}"])  # a killed hub takes its culler along
 
 
 # the culler reads lease ids from server state, and GPU activity and warnings from the gpupool service

@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 
+from ..orphans import end_with_parent
 from .settings import ServiceSettings
 
 log = logging.getLogger("gpupool.service")
@@ -23,6 +24,7 @@ log = logging.getLogger("gpupool.service")
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(levelname)s %(asctime)s %(name)s] %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per token check is noise
+    end_with_parent()  # a hub killed with -9 takes its service along, so its successor starts the only one
     settings = ServiceSettings.from_environment(os.environ, sys.argv[1:] if argv is None else argv)
     # The port first: a second service (say, one a restarted hub starts while the old one still serves)
     # must stop here, before it opens the store and writes to it behind the running one's back.
