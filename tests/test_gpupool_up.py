@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -265,6 +266,7 @@ def _children(pid: int) -> dict[int, str]:
 def test_a_hub_killed_with_minus_9_takes_its_service_and_culler_along(start: tuple[Path, int]) -> None:
     tmp, port = start
     up = start_up(tmp, tmp / "state", port, extra_config(tmp))
+    proxies: list[int] = []
     try:
 
         def managed() -> set[int]:
@@ -275,7 +277,9 @@ def test_a_hub_killed_with_minus_9_takes_its_service_and_culler_along(start: tup
         while len(managed()) < 2 and time.monotonic() < deadline:  # the culler starts after the login page
             time.sleep(0.2)
         started = managed()
-        assert len(started) == 2, _children(up.process.pid)
+        children = _children(up.process.pid)
+        assert len(started) == 2, children
+        proxies = [pid for pid, line in children.items() if "configurable-http-proxy" in line]
         up.process.kill()  # no shutdown: the hub cannot stop its services itself
         up.process.wait()
         deadline = time.monotonic() + 20
@@ -285,6 +289,9 @@ def test_a_hub_killed_with_minus_9_takes_its_service_and_culler_along(start: tup
         assert not started, f"still running after the hub was killed: {started}"
     finally:
         up.stop()
+        for pid in proxies:  # the proxy outlives a killed hub by design (a restarted hub takes it over)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:
