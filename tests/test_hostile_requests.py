@@ -133,3 +133,24 @@ def test_a_body_that_is_not_json_is_refused_as_the_body_not_a_byte_offset(
         answer = client.post("api/v1/jobs", "alice-token", '{"command": ["true"], "profile": ')
     assert answer.status_code == 400 and answer.json()["fields"] == ["body"], answer.text
     assert answer.json()["detail"].startswith("body: not valid JSON")
+
+
+def test_the_openapi_document_promises_the_400_the_service_answers_never_a_422(
+    tmp_path: Path, hub_api: str
+) -> None:
+    service = Service(tmp_path, hub_api)
+    with Client(service.app) as client:
+        document = client.get("api/v1/openapi.json", None).json()
+    operations = [op for path in document["paths"].values() for op in path.values()]
+    assert operations and not [op for op in operations if "422" in op["responses"]]
+    assert "400" in document["paths"]["/services/gpupool/api/v1/jobs"]["post"]["responses"]
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+
+
+def test_a_method_a_path_does_not_take_lists_every_method_it_does(tmp_path: Path, hub_api: str) -> None:
+    service = Service(tmp_path, hub_api)
+    with Client(service.app) as client:
+        answer = client.runner.run(
+            client.http.put("/services/gpupool/api/v1/leases", headers={"Authorization": "token alice-token"})
+        )
+    assert answer.status_code == 405 and answer.headers["allow"] == "GET, POST", answer.headers

@@ -16,12 +16,14 @@ Status codes, mapped once in :func:`_problem_handlers`:
 - 409 — a profile this pool can never serve (queueing it would wait forever).
 """
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from ...pool.profiles import UnknownProfile
 from ...pool.quotas import QuotaExceeded
@@ -54,7 +56,38 @@ def create_app(parts: ServiceParts) -> FastAPI:
     app.include_router(pages.router, prefix=parts.prefix.rstrip("/"))
     if parts.login is not None:
         app.include_router(parts.login.router())
+    app.openapi = _without_422(app.openapi)  # type: ignore[method-assign]
     return app
+
+
+def _without_422(build: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
+    """FastAPI's OpenAPI document as the service answers: a body or field it cannot use is a 400 ``Problem``
+    (listed on every route), never FastAPI's default 422."""
+    done: list[dict[str, Any]] = []
+
+    def document() -> dict[str, Any]:
+        if not done:
+            built = build()  # FastAPI keeps it, so this edits the one it serves
+            for operations in built.get("paths", {}).values():
+                for operation in operations.values():
+                    operation.get("responses", {}).pop("422", None)
+            for unused in ("HTTPValidationError", "ValidationError"):
+                built.get("components", {}).get("schemas", {}).pop(unused, None)
+            done.append(built)
+        return done[0]
+
+    return document
+
+
+def _allowed_methods(app: FastAPI, request: Request) -> str:
+    """Every method some route of the request's path answers, for a 405's ``Allow`` (Starlette names only
+    the methods of the first route that matched the path)."""
+    allowed = []
+    for method in ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT"):
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] is Match.FULL for route in app.router.routes):
+            allowed.append(method)
+    return ", ".join(allowed)
 
 
 def _problem_handlers(app: FastAPI) -> None:
@@ -78,8 +111,10 @@ def _problem_handlers(app: FastAPI) -> None:
             sentences.append(f"{where}: {error['msg']}")
         return problem(400, "invalid_request", "; ".join(sentences), fields)
 
-    async def http_error(_request: Request, exc: Exception) -> JSONResponse:
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 405:
+            exc.headers = {**(exc.headers or {}), "Allow": _allowed_methods(app, request)}
         names = {401: "unauthenticated", 403: "forbidden", 404: "not_found", 502: "hub_unreachable"}
         field = str(exc.detail).split(":", 1)[0] if exc.status_code == 403 else ""
         response = problem(
