@@ -154,3 +154,12 @@ def test_a_method_a_path_does_not_take_lists_every_method_it_does(tmp_path: Path
             client.http.put("/services/gpupool/api/v1/leases", headers={"Authorization": "token alice-token"})
         )
     assert answer.status_code == 405 and answer.headers["allow"] == "GET, POST", answer.headers
+
+
+def test_a_body_over_two_mib_is_refused_unread(tmp_path: Path, hub_api: str) -> None:
+    service = Service(tmp_path, hub_api)
+    env = {f"V{i}": "x" * 30 for i in range(100_000)}  # 100k variables, about 4 MB of JSON
+    with Client(service.app) as client:
+        answer = client.post("api/v1/jobs", "alice-token", json.dumps(JOB | {"env": env}))
+    assert answer.status_code == 413 and answer.json()["fields"] == ["body"], answer.text
+    assert service.parts.jobs.all_jobs() == []

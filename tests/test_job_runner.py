@@ -183,3 +183,21 @@ def test_an_unknown_command_is_refused_without_showing_the_services_path(
     with pytest.raises(InvalidJob) as refused:
         check(identity, command=["no-such-program-gpupool"])
     assert os.environ["PATH"] not in str(refused.value) and "full path" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"command": ["true", "x" * (128 * 1024 + 1)]}, "command.1"),  # execve would fail with E2BIG
+        ({"command": ["true"] * 1025}, "command"),
+        ({"env": {f"V{i}": "x" for i in range(257)}}, "env"),
+        ({"env": {"BIG": "x" * (32 * 1024 + 1)}}, "env.BIG"),
+        ({"command": ["true", *["y" * 100_000] * 11]}, "command"),  # each fits, not all together
+    ],
+)
+def test_a_submission_over_the_size_limits_is_refused_naming_the_field(
+    identity: processes.Identity, changes: dict[str, object], field: str
+) -> None:
+    with pytest.raises(InvalidJob) as refused:
+        check(identity, **changes)
+    assert refused.value.field == field and "at most" in str(refused.value)

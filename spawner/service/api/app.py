@@ -24,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ...pool.profiles import UnknownProfile
 from ...pool.quotas import QuotaExceeded
@@ -48,6 +49,7 @@ def create_app(parts: ServiceParts) -> FastAPI:
         redoc_url=None,
     )
     app.state.parts = parts
+    app.add_middleware(_BodyLimit)
     _problem_handlers(app)
     job_routes.add_job_error_handlers(app)
     for routes in (lease_routes, job_routes, health_routes, idle_routes, usage_routes, telemetry_routes):
@@ -58,6 +60,27 @@ def create_app(parts: ServiceParts) -> FastAPI:
         app.include_router(parts.login.router())
     app.openapi = _without_422(app.openapi)  # type: ignore[method-assign]
     return app
+
+
+MAX_BODY_BYTES = 2 * 1024 * 1024  # a job's command and env are at most 1 MiB; the rest is JSON's overhead
+
+
+class _BodyLimit:
+    """ASGI middleware: a 413 ``Problem`` before reading a body over :data:`MAX_BODY_BYTES`; no request of
+    this API needs more, and a larger one would be parsed whole before any check."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            length = dict(scope["headers"]).get(b"content-length", b"0")
+            if length.isdigit() and int(length) > MAX_BODY_BYTES:
+                detail = f"body: at most {MAX_BODY_BYTES // 1024} KiB, got {int(length)} bytes"
+                problem = Problem(error="too_large", detail=detail, fields=["body"])
+                await JSONResponse(problem.model_dump(), status_code=413)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _without_422(build: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:

@@ -24,6 +24,11 @@ from .processes import Identity, find_executable
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RESERVED = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+MAX_ARGS = 1024
+MAX_ARG_BYTES = 128 * 1024  # Linux's MAX_ARG_STRLEN: a longer argument fails only at execve (E2BIG)
+MAX_ENV = 256
+MAX_ENV_BYTES = 32 * 1024
+MAX_TOTAL_BYTES = 1024 * 1024  # the command and env together, as stored and listed
 
 
 class TooManyQueuedJobs(ValueError):
@@ -88,6 +93,7 @@ def check_submission(
         raise InvalidJob("command", 'must be a non-empty list of arguments, e.g. ["python", "train.py"]')
     if any("\0" in arg for arg in command):
         raise InvalidJob("command", "arguments may not contain NUL characters")
+    _check_sizes(command, env)
     checked_env = _check_env(env)
     if on_host:
         directory = resolve_working_dir(working_dir, identity.home)
@@ -158,6 +164,26 @@ def container_working_dir(raw: str | None, home: str) -> str:
     if path != home and not path.startswith(home.rstrip("/") + "/"):
         raise InvalidJob("working_dir", f"{raw} is outside your home {home} in the job's container")
     return path
+
+
+def _check_sizes(command: Sequence[str], env: Mapping[str, str]) -> None:
+    """Limits a job must keep: what Linux's ``execve`` takes (an argument of at most 128 KiB) and what the
+    service stores and sends back with every ``GET jobs``."""
+    if len(command) > MAX_ARGS:
+        raise InvalidJob("command", f"at most {MAX_ARGS} arguments, got {len(command)}")
+    for index, arg in enumerate(command):
+        if len(arg.encode()) > MAX_ARG_BYTES:
+            raise InvalidJob(f"command.{index}", f"an argument is at most {MAX_ARG_BYTES // 1024} KiB")
+    if len(env) > MAX_ENV:
+        raise InvalidJob("env", f"at most {MAX_ENV} variables, got {len(env)}")
+    for key, value in env.items():
+        if len(value.encode()) > MAX_ENV_BYTES:
+            raise InvalidJob(f"env.{key}", f"a value is at most {MAX_ENV_BYTES // 1024} KiB")
+    total = sum(len(a.encode()) + 1 for a in command) + sum(
+        len(k) + len(v.encode()) + 2 for k, v in env.items()
+    )
+    if total > MAX_TOTAL_BYTES:
+        raise InvalidJob("command", f"the command and env together are at most {MAX_TOTAL_BYTES // 1024} KiB")
 
 
 def _check_env(env: Mapping[str, str]) -> dict[str, str]:
