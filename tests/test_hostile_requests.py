@@ -163,3 +163,12 @@ def test_a_body_over_two_mib_is_refused_unread(tmp_path: Path, hub_api: str) -> 
         answer = client.post("api/v1/jobs", "alice-token", json.dumps(JOB | {"env": env}))
     assert answer.status_code == 413 and answer.json()["fields"] == ["body"], answer.text
     assert service.parts.jobs.all_jobs() == []
+
+
+def test_no_one_asks_for_a_job_lease_without_a_job(tmp_path: Path, hub_api: str) -> None:
+    service = Service(tmp_path, hub_api)
+    body = json.dumps({"profile": "h100", "owner_kind": "job", "owner_name": "ghost"})
+    with Client(service.app) as client:
+        answers = [client.post("api/v1/leases", token, body) for token in ("alice-token", "hub-token")]
+    assert [a.status_code for a in answers] == [403, 403] and "POST jobs" in answers[0].json()["detail"]
+    assert not [lease for lease in service.manager.all_leases() if lease.owner_name == "ghost"]

@@ -54,6 +54,11 @@ async def get_profiles(parts: PartsDep, caller: CallerDep) -> list[ProfileOut]:
 
 @router.post("/leases", status_code=status.HTTP_201_CREATED, summary="Ask for a lease (granted or queued)")
 async def post_lease(body: LeaseRequest, parts: PartsDep, caller: CallerDep) -> LeaseOut:
+    if body.owner_kind == "job":  # a job lease without its job would never be given back
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            "owner_kind: job leases are made by POST jobs, with the job that holds them",
+        )
     if (body.user is not None or body.groups is not None) and not caller.acts_for_others:
         field = "user" if body.user is not None else "groups"
         raise HTTPException(
