@@ -10,8 +10,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -269,9 +272,15 @@ def test_the_shell_commands_submit_follow_list_and_refuse_bad_input(hub: Hub) ->
 
 
 def test_a_job_keeps_running_and_logging_across_a_service_restart(hub: Hub) -> None:
-    """Runs last: it kills the managed service and starts one by hand."""
+    """Runs last: it kills the managed service and starts one by hand. The job logs while the service is
+    down and then waits for the test's go-ahead, so a slow restart cannot see it finish first."""
     ticks = 40
-    script = f"i=0; while [ $i -lt {ticks} ]; do echo tick $i; i=$((i+1)); sleep 0.1; done"
+    go = Path(tempfile.gettempdir(), f"gpupool-go-{uuid.uuid4().hex}")  # /tmp: the job's account sees it
+    script = (
+        f"i=0; while [ $i -lt {ticks // 2} ]; do echo tick $i; i=$((i+1)); sleep 0.1; done; "
+        f"while [ ! -e {go} ]; do sleep 0.1; done; "
+        f"while [ $i -lt {ticks} ]; do echo tick $i; i=$((i+1)); done"
+    )
     with hub.as_user("me") as me:
         job = submit(me, ["sh", "-c", script], profile="cpu")
         until(lambda: "tick 3" in me.get(f"/jobs/{job['id']}/logs").text, "the job to log")
@@ -280,7 +289,9 @@ def test_a_job_keeps_running_and_logging_across_a_service_restart(hub: Hub) -> N
     with hub.as_user("me") as me:
         again = me.get(f"/jobs/{job['id']}").json()
         assert again["state"] == "running" and again["attempts"] == 1, again  # adopted, not started again
+        go.touch()
         with me.stream("GET", f"/jobs/{job['id']}/logs", params={"follow": "true"}, timeout=30) as stream:
             lines = [line for line in stream.iter_lines() if line]
         assert lines == [f"tick {i}" for i in range(ticks)]  # nothing lost while the service was down
         assert state_of(me, job["id"]) == "succeeded"
+    go.unlink()
