@@ -79,10 +79,13 @@ def lands_on_the_spawn_form(page: Page) -> None:
 
 
 def stop_server(page: Page, up: Up) -> None:
-    """Stop the server the way a user does: the Stop My Server button on the hub's home page."""
+    """Stop the server the way a user does: the Stop My Server button on the hub's home page. The button works
+    once the page's scripts have loaded (a click before that does nothing), and it hides itself once the
+    server has stopped; the "My Server" button is there either way, so it proves nothing."""
     page.goto(f"{up.url}/hub/home")
+    page.wait_for_load_state("networkidle")
     page.click("#stop")
-    expect(page.locator("#start")).to_be_visible(timeout=60_000)
+    expect(page.locator("#stop")).to_be_hidden(timeout=60_000)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
