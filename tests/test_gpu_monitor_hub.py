@@ -194,8 +194,9 @@ def test_gpu_monitor_renders_in_jupyterlab_on_a_spawned_h100_server(hub: Running
             monitor.scroll_into_view_if_needed()
             page.screenshot(path=str(artifacts() / "gpu-monitor.png"))
             page.goto(f"{hub.url}/hub/home")
+            page.wait_for_load_state("networkidle")  # the button works once the scripts run
             page.click("#stop")
-            expect(page.locator("#start")).to_be_visible(timeout=60_000)
+            expect(page.locator("#stop")).to_be_hidden(timeout=60_000)
         page.close()
 
 

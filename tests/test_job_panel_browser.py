@@ -127,8 +127,9 @@ def test_the_job_panel_renders_in_jupyterlab_submits_a_job_and_shows_it_succeed(
                 assert job["id"] in panel.locator("table.gpupool-jobs").inner_text()
 
                 page.goto(f"{hub.url}/hub/home")  # stop the server as a user does
+                page.wait_for_load_state("networkidle")  # the button works once the scripts run
                 page.click("#stop")
-                expect(page.locator("#start")).to_be_visible(timeout=60_000)
+                expect(page.locator("#stop")).to_be_hidden(timeout=60_000)
             page.close()
     finally:
         clean_home(user)
