@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
-from jupyterhub.services.auth import HubOAuth
+from jupyterhub.services.auth import HubAuth, HubOAuth
 
 from ..backends.discovery import DiscoveredPool, discover_pool
 from ..files.profiles_file import load_profiles
@@ -176,19 +176,19 @@ def service_parts(
     health.restore()  # an admin's drains and faults survive restarts; the telemetry finds its faults again
     telemetry.add_observer(health.observe)
     login = browser_login(settings)  # the pages let a logged-in hub user in without a token
-    hub_auth = login.hub_oauth if login is not None else None
+    # the pages' HubOAuth is a HubAuth too: one client and one cache for the tokens of pages and API
+    if login is not None:
+        hub_auth: HubAuth = login.hub_oauth
+    else:
+        hub_auth = HubAuth(api_url=settings.hub_api_url, cache_max_age=AUTH_CACHE_SECONDS)
     return ServiceParts(
         manager=manager,
         jobs=jobs,
         profiles=jobs.profiles,
-        auth=Authenticator.for_hub(
-            settings.hub_api_url, settings.service_name, hub_auth=hub_auth, cache_seconds=AUTH_CACHE_SECONDS
-        ),
+        auth=Authenticator(hub_auth, settings.service_name),
         telemetry=telemetry,
         usage=usage,
-        culls=Culls(
-            manager
-        ),  # the culler records warnings and culls through the API; pages and metrics read them
+        culls=Culls(manager),  # the culler records warnings and culls here; pages and metrics read them
         tracker=ActivityTracker(settings.gpu_idle_threshold),
         health=health,
         backend=pool.backend,

@@ -75,15 +75,6 @@ class Authenticator:
         self.hub_auth = hub_auth
         self.service_name = service_name
 
-    @classmethod
-    def for_hub(
-        cls, api_url: str, service_name: str, *, hub_auth: HubAuth | None = None, cache_seconds: int = 60
-    ) -> Authenticator:
-        """For the hub at ``api_url``; ``hub_auth`` shares the pages' :class:`HubOAuth` (and its cache)."""
-        if hub_auth is None:
-            hub_auth = HubAuth(api_url=api_url, cache_max_age=cache_seconds)
-        return cls(hub_auth, service_name)
-
     async def caller(self, request: Request, authorization: str | None) -> Caller:
         """The caller of ``request``: its token must be one the hub knows, allowed to use this service. A
         change (anything but GET and HEAD) asks the hub afresh, so a revoked token changes nothing."""

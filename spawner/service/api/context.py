@@ -9,11 +9,13 @@ service does.
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Header, HTTPException, Request, status
 
-from ...pool.profiles import Profile
+from ...names import API_PATH
+from ...pool.profiles import Profile, fits_pool
 from ...telemetry.activity import ActivityTracker
 from ..jobs.job_manager import JobManager
 from ..leasing.culls import Culls
@@ -51,7 +53,14 @@ class ServiceParts:
     @property
     def api_base(self) -> str:
         """Where the API's routes live: ``/services/gpupool/api/v1``."""
-        return "/" + self.prefix.strip("/") + "/api/v1"
+        return "/" + self.prefix.strip("/") + "/" + API_PATH
+
+    @cached_property
+    def never_fits(self) -> dict[str, str | None]:
+        """Per profile, why no node of the pool could ever serve it (None: some node could). The nodes are
+        fixed for the service's life, so this is worked out once, not at every ``GET profiles``."""
+        nodes = [ns.node for ns in self.manager.pool.nodes]
+        return {p.slug: fits_pool(p, nodes) for p in self.profiles}
 
     def profile(self, slug: str) -> Profile | None:
         return next((p for p in self.profiles if p.slug == slug), None)

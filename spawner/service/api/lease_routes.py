@@ -14,7 +14,7 @@ from fastapi import APIRouter, HTTPException, status
 from ...inventory import describe_pool
 from ...kube.resources import kube_grant
 from ...pool.leases import Lease, LeaseState
-from ...pool.profiles import find_profile, fits_pool
+from ...pool.profiles import find_profile
 from ..leasing.lease_manager import LeaseManager
 from .auth import Caller
 from .context import CallerDep, PartsDep, ServiceParts
@@ -44,8 +44,7 @@ async def get_profiles(parts: PartsDep, caller: CallerDep) -> list[ProfileOut]:
     usable = [
         p for p in parts.profiles if caller.acts_for_others or p.visible_to(caller.groups, caller.is_admin)
     ]
-    nodes = [ns.node for ns in parts.manager.pool.nodes]
-    never_fits = {p.slug: fits_pool(p, nodes) for p in usable}
+    never_fits = parts.never_fits
     counts = parts.manager.availability({p.slug: p.request() for p in usable if never_fits[p.slug] is None})
     return [
         ProfileOut.from_profile(p, *counts.get(p.slug, (0, 0)), never_fits=never_fits[p.slug]) for p in usable

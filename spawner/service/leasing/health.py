@@ -146,7 +146,10 @@ class HealthKeeper:
         servers = self._tell_servers(node, None, f"unhealthy: {problem}")
         log.warning(
             "node %s marked unhealthy: %s; %d jobs stopped to be requeued, %d servers keep running there",
-            *(node, problem, len(stopped), len(servers)),
+            node,
+            problem,
+            len(stopped),
+            len(servers),
         )
         return [job.id for job in stopped]
 
@@ -160,7 +163,10 @@ class HealthKeeper:
         self.faults[(node, gpu_index)] = Fault(node, gpu_index, reason, at)
         log.warning(
             "GPU %d of node %s marked unhealthy: %s; %d jobs stopped to be requeued",
-            *(gpu_index, node, reason, len(stopped)),
+            gpu_index,
+            node,
+            reason,
+            len(stopped),
         )
         self._tell_servers(node, gpu_index, f"unhealthy: {reason}")
 
@@ -191,6 +197,10 @@ class HealthKeeper:
         for lease in servers:
             log.warning(
                 "server %s of %s (lease %s) runs on %s, now %s",
-                *(lease.owner_name, lease.user, lease.id, device_key(node, gpu_index), what),
+                lease.owner_name,
+                lease.user,
+                lease.id,
+                device_key(node, gpu_index),
+                what,
             )
         return [lease.id for lease in servers]

@@ -199,7 +199,10 @@ async def _release_gone(
         if done.release_reason == SERVER_GONE:  # not released meanwhile by its own spawner
             log.warning(
                 "released lease %s of %s: server %r is gone (%s)",
-                *(lease.id, lease.user, lease.owner_name, lease.profile),
+                lease.id,
+                lease.user,
+                lease.owner_name,
+                lease.profile,
             )
             released.append(done)
     return suspects, released
@@ -212,15 +215,11 @@ async def _report_unleased(
     stopped: list[HubServer] = []
     for server in unleased:
         confirmed = server.key in previous.unleased_keys
-        advice = " (set GPUPOOL_STOP_UNLEASED=1 to stop such servers)"
-        log.warning(
-            "%s runs profile %s without a gpupool lease%s",
-            *(
-                server.label,
-                server.profile,
-                (" : stopping it" if confirmed else "") if stop_unleased else advice,
-            ),
-        )
+        if stop_unleased:
+            then = " : stopping it" if confirmed else ""
+        else:
+            then = " (set GPUPOOL_STOP_UNLEASED=1 to stop such servers)"
+        log.warning("%s runs profile %s without a gpupool lease%s", server.label, server.profile, then)
         if stop_unleased and confirmed:
             try:
                 await hub.stop_server(server.user, server.name)
