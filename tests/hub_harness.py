@@ -14,13 +14,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
 
 import httpx
+from polling import pauses
 from ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,8 +148,7 @@ def wait_for(
     fail: Callable[[str], NoReturn] = _raise,
 ) -> None:
     """Poll ``check`` (HTTP errors count as no) until true; else ``fail`` with ``what`` and the log's end."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    for _ in pauses(timeout):
         if process is not None and process.poll() is not None:
             fail(f"{what}: the hub exited; log:\n{log_tail(log)}")
         try:
@@ -157,7 +156,6 @@ def wait_for(
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.05)
     fail(f"{what} within {timeout}s; log:\n{log_tail(log)}")
 
 

@@ -13,7 +13,6 @@ import asyncio
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
@@ -24,6 +23,7 @@ import pytest
 import yaml
 from kubernetes_asyncio.config import kube_config
 from kubespawner.clients import load_config
+from polling import pauses
 
 from gpupool.spawner.backends.simulated import load_pool_file, parse_pool
 from gpupool.spawner.kube.local.build import BuildError, ensure_built
@@ -111,12 +111,10 @@ class LocalKube:
 
 def eventually(condition: Callable[[], T], what: str, timeout_s: float = 30.0) -> T:
     """``condition()`` once truthy (for tests that are not async)."""
-    deadline = time.monotonic() + timeout_s
-    while not (found := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(0.05)
-    return found
+    for _ in pauses(timeout_s):
+        if found := condition():
+            return found
+    raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
 @contextmanager

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import httpx
 import pytest
 from hub_harness import RunningHub, free_ports, write_hub_config
 from job_user import clean_home, job_user
+from polling import until
 
 ADMIN_TOKEN = "test-admin-token-health-0123456789abcd"
 HUB_CLIENT_TOKEN = "test-hub-client-token-health-012345678"
@@ -60,15 +60,6 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningHub]:
         hub.tokens["me"] = hub.tokens[user]
         yield hub
     clean_home(user)
-
-
-def until(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    pytest.fail(f"{what} within {timeout}s")
 
 
 def gpupool(hub: RunningHub, who: str, *argv: str) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import pytest
 from hub_harness import RunningHub, free_ports, write_hub_config
 from job_user import clean_home, job_user, python_with_numpy, train_script, user_dir
 from nbclient import NotebookClient
+from polling import until
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
 
@@ -60,15 +61,6 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
         hub.tokens["me"] = hub.tokens[user]
         yield hub
     clean_home(user)
-
-
-def until(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    pytest.fail(f"{what} within {timeout}s")
 
 
 def submit(client: httpx.Client, command: list[str], profile: str = "h100", **body: Any) -> dict[str, Any]:

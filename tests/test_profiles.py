@@ -78,6 +78,14 @@ def test_the_shipped_cpu_profile_is_the_only_default_and_group_profiles_are_rest
     assert profiles["cpu"].idle_timeout == 3600 and profiles["cpu"].max_lifetime == 86400
 
 
+def test_a_title_names_the_gpu_ask_once() -> None:
+    # the spawn's first progress line ("Asking gpupool for ...") once said "Half an H100 (MIG 3g.40gb) (MIG 3g.40gb)"
+    profiles = by_slug(load_profiles(EXAMPLE_PROFILES))
+    assert profiles["mig-3g"].title() == "Half an H100 (MIG 3g.40gb)"
+    assert profiles["cpu"].title() == "CPU only"
+    assert profiles["h100"].title() == "One H100 (1 × H100-80GB)"
+
+
 # ---- what each kind asks the pool for ------------------------------------------------------------------
 
 

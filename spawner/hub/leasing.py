@@ -256,7 +256,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
             profile = self.resolve_profile()
             service = self.service()
             await self._release_leftovers(service)
-            self._emit(f"Asking gpupool for {profile.display_name} ({profile.gpu_description()})", 10)
+            self._emit(f"Asking gpupool for {profile.title()}", 10)
             lease = await self._lease(service, profile)
             self.apply_lease(lease)
             devices = ", ".join(d["label"] for d in lease["devices"]) or "no GPU"

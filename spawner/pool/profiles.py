@@ -91,6 +91,12 @@ class Profile:
         memory = f" ({need.memory_mib / 1024:g} GB memory)" if need.memory_mib else ""
         return f"{need.milli / 10:g}% of a shared {products or 'GPU'}{memory}"
 
+    def title(self) -> str:
+        """The display name with the GPU ask, unless the name already says it: ``Half an H100 (MIG 3g.40gb)``
+        stays as it is, ``Big box`` becomes ``Big box (2 × A100-80GB)``."""
+        ask = self.gpu_description()
+        return self.display_name if ask in self.display_name else f"{self.display_name} ({ask})"
+
     def visible_to(self, user_groups: Iterable[str], is_admin: bool) -> bool:
         """Whether a user may see and start this profile; admins may use every profile."""
         return is_admin or not self.groups or not self.groups.isdisjoint(user_groups)
