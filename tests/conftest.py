@@ -24,25 +24,32 @@ _HARNESSES = ("hub_harness", "up_harness", "token_hub", "subprocess")
 _BROWSER_MODULES = ("test_browser", "test_gpu_monitor_hub", "test_job_panel_browser")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+_starts_processes: dict[str, bool] = {}
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark each test with its tier and its pytest-xdist group as it is collected, before any
+    ``pytest_collection_modifyitems`` (pytest-xdist's reads the groups). Grouping needs pytest < 9.2
+    (pytest-xdist#1386; pinned in pyproject.toml): with 9.2 every module was split over both workers, each
+    starting the module's hub (and the control plane) once more."""
+    path = Path(str(item.fspath))
+    if path.stem not in _starts_processes:
+        text = path.read_text()
+        _starts_processes[path.stem] = any(
+            f"import {h}" in text or f"from {h} import" in text for h in _HARNESSES
+        )
+    if "kube" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.kube)
+    if path.stem in _BROWSER_MODULES:
+        item.add_marker(pytest.mark.browser)
+    if _starts_processes[path.stem]:
+        item.add_marker(pytest.mark.e2e)
+    # With workers (pytest -n, --dist loadgroup): a module's tests share one worker and its module-scoped
+    # hub, and every test on the control plane shares the one worker that starts it.
+    item.add_marker(pytest.mark.xdist_group("kube" if item.get_closest_marker("kube") else path.stem))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    starts_processes: dict[str, bool] = {}
-    for item in items:
-        path = Path(str(item.fspath))
-        if path.stem not in starts_processes:
-            text = path.read_text()
-            starts_processes[path.stem] = any(
-                f"import {h}" in text or f"from {h} import" in text for h in _HARNESSES
-            )
-        if "kube" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.kube)
-        if path.stem in _BROWSER_MODULES:
-            item.add_marker(pytest.mark.browser)
-        if starts_processes[path.stem]:
-            item.add_marker(pytest.mark.e2e)
-        # With workers (pytest -n, --dist loadgroup): a module's tests share one worker and its module-scoped
-        # hub, and every test on the control plane shares the one worker that starts it.
-        item.add_marker(pytest.mark.xdist_group("kube" if item.get_closest_marker("kube") else path.stem))
     # The control plane, once started, runs until the session ends. In one process its tests run last, so it
     # takes no CPU from the timing-sensitive tests (telemetry from real CPU load) that would follow; with
     # workers they go first, so their worker is not left running them alone at the end.

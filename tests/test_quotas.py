@@ -6,7 +6,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupool.spawner.pool.quotas import InvalidQuota, Limit, Quota, QuotaExceeded, QuotaPolicy, usage
+from gpupool.spawner.pool.devices import Gpu, Node
+from gpupool.spawner.pool.quotas import (
+    InvalidQuota,
+    Limit,
+    Quota,
+    QuotaExceeded,
+    QuotaPolicy,
+    default_policy,
+    describe_quota,
+    usage,
+)
 from gpupool.spawner.pool.requests import GpuShare, MigSlice, Request, WholeGpus
 
 CPU_MEM = {"cpu_milli": 2000, "memory_mib": 8192}
@@ -134,7 +144,51 @@ def test_a_negative_limit_is_refused_naming_the_field() -> None:
 
 def test_usage_adds_up_each_resource() -> None:
     held = [whole(2), mig(), share(300), CPU_ONLY]
-    assert usage(held) == {"whole_gpus": 2, "mig_slices": 1, "gpu_shares": 1, "gpu_milli": 2300}
+    assert usage(held) == {
+        "whole_gpus": 2,
+        "mig_slices": 1,
+        "gpu_shares": 1,
+        "gpu_milli": 2300,
+        "cpu_milli": 8000,
+        "memory_mib": 32768,
+    }
+
+
+def test_cpu_only_leases_count_against_the_cpu_and_memory_quota() -> None:
+    # one user's CPU-only leases once filled the pool: nothing limited them
+    cpus = QuotaPolicy(per_user=Quota(cpu_milli=4000))
+    assert cpus.check("eve", [], CPU_ONLY, [CPU_ONLY]) is None
+    refusal = cpus.check("eve", [], CPU_ONLY, [CPU_ONLY, CPU_ONLY])
+    assert str(refusal) == "eve's quota allows 4 CPUs at once; 4 are held and 2 more were asked for"
+    memory = QuotaPolicy(per_user=Quota(memory_mib=12288))
+    refusal = memory.check("eve", [], whole(1), [CPU_ONLY])
+    assert str(refusal) == "eve's quota allows 12 GiB of memory at once; 8 are held and 8 more were asked for"
+
+
+NODES = [
+    Node(
+        "big",
+        cpu_milli=64000,
+        memory_mib=512 * 1024,
+        gpus=tuple(Gpu(f"G{i}", i, "H100-80GB", 81559) for i in range(4)),
+    ),
+    Node("small", cpu_milli=16000, memory_mib=128 * 1024),
+]
+
+
+def test_without_a_quotas_file_each_user_may_hold_half_the_pool() -> None:
+    policy = default_policy(NODES, [CPU_ONLY, whole(1)])
+    assert policy.per_user == Quota(gpu_milli=2000, cpu_milli=40000, memory_mib=320 * 1024)
+    assert describe_quota(policy.per_user) == "2 GPUs of whole GPUs and shares, 40 CPUs, 320 GiB of memory"
+    refusal = policy.check("eve", [], CPU_ONLY, [CPU_ONLY] * 20)
+    assert str(refusal) == "eve's quota allows 40 CPUs at once; 40 are held and 2 more were asked for"
+
+
+def test_the_default_quota_still_lets_the_largest_profile_start() -> None:
+    everything = Request(cpu_milli=64000, memory_mib=512 * 1024, gpu=WholeGpus(4))
+    policy = default_policy(NODES, [CPU_ONLY, everything])
+    assert policy.per_user == Quota(gpu_milli=4000, cpu_milli=64000, memory_mib=512 * 1024)
+    assert policy.check("eve", [], everything, []) is None
 
 
 requests = st.one_of(
@@ -150,6 +204,8 @@ quotas = st.builds(
     mig_slices=limits,
     gpu_shares=limits,
     gpu_milli=limits.map(lambda v: None if v is None else v * 500),
+    cpu_milli=limits.map(lambda v: None if v is None else v * 2000),
+    memory_mib=limits.map(lambda v: None if v is None else v * 8192),
 )
 
 

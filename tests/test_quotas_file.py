@@ -29,13 +29,21 @@ def _parse(text: str) -> object:
 
 def test_the_shipped_example_limits_users_and_students_as_its_comments_say() -> None:
     policy = load_quotas(EXAMPLE_QUOTAS)
-    assert policy.per_user == Quota(whole_gpus=2, mig_slices=4, gpu_shares=2)
+    assert policy.per_user == Quota(
+        whole_gpus=2, mig_slices=4, gpu_shares=2, cpu_milli=64000, memory_mib=512 * 1024
+    )
     third = policy.check("alice", [], ONE_GPU, [ONE_GPU, ONE_GPU])
     assert third is not None and "alice's quota allows 2 whole GPUs at once" in str(third)
     student = policy.check("sam", ["students"], ONE_GPU, [])
     assert student is not None and "students" in str(student)
     assert policy.check("sam", ["students"], ONE_SLICE, []) is None
     assert policy.check("demo", [], ONE_GPU, [ONE_GPU, ONE_GPU, ONE_GPU]) is None  # the override lifts it
+
+
+def test_cpu_and_memory_are_written_as_in_profiles() -> None:
+    policy = _parse("per_user: {cpu: 0.5, memory: 16GiB}\nusers: {alice: {memory: 2048}}")
+    assert policy.per_user == Quota(cpu_milli=500, memory_mib=16384)
+    assert policy.user_overrides["alice"] == Quota(memory_mib=2048)
 
 
 def test_an_empty_file_limits_nobody() -> None:
@@ -55,6 +63,9 @@ def test_an_empty_file_limits_nobody() -> None:
         ("users: {alice: {whole_gpus: 1.5}}", "users.alice: whole_gpus must be a whole number"),
         ("users: {alice: {whole_gpus: yes}}", "users.alice: whole_gpus must be a whole number"),
         ("users: [alice]", "users: expected a mapping of user name to limits, got a list"),
+        ("per_user: {cpu: -2}", "per_user: cpu must be a number of cores such as 32 or 0.5"),
+        ("per_user: {cpu: .nan}", "per_user: cpu must be a number of cores such as 32 or 0.5"),
+        ("per_user: {memory: 12GB}", "per_user: memory must be like 256GiB or an integer of MiB, got '12GB'"),
         ("per_user: 2", "per_user: expected limits such as {whole_gpus: 2, mig_slices: 4}, got int 2"),
         ("- whole_gpus: 2", "expected a mapping with per_user, per_group, users at the top, got a list"),
     ],

@@ -63,6 +63,9 @@ class Service:
 
     def __init__(self, tmp: Path, hub_api: str, pids: Mapping[str, set[int]] | None = None, **settings: Any):
         settings.setdefault("sample_seconds", 0)  # most tests feed samples themselves, at times they choose
+        if "quotas_file" not in settings:  # carol holds 8 of the pool's 14 whole GPUs, past the default quota
+            (tmp / "no-limits.yaml").write_text("# no limits: an admin's empty quotas file\n")
+            settings["quotas_file"] = str(tmp / "no-limits.yaml")
         self.service = assemble(
             ServiceSettings(
                 pool_file=str(DEMO_POOL),

@@ -2,30 +2,35 @@
 
 The format is documented at the top of ``hub_config/quotas.yaml`` (:data:`EXAMPLE_QUOTAS`)::
 
-    per_user: {whole_gpus: 2, mig_slices: 4}        # every user, unless listed under users
+    per_user: {whole_gpus: 2, mig_slices: 4, cpu: 32, memory: 256GiB}   # every user, unless listed
     per_group:                                       # each member of the group, not the group's total
       ml-research: {whole_gpus: 8}
     users:                                           # replaces per_user for that user
       alice: {whole_gpus: 4, mig_slices: 8}
 
-A limit left out is unlimited. Every problem raises :class:`QuotaFileError` naming the file, the entry and
+A limit left out is unlimited; without any quotas file the service applies
+:func:`~..pool.quotas.default_policy`. Every problem raises :class:`QuotaFileError` naming the file, the entry and
 the field.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, NoReturn
 
 from ..pool.quotas import RESOURCES, Quota, QuotaPolicy
-from .yaml_fields import check_fields, kind, load_yaml, read_text
+from .yaml_fields import check_fields, kind, load_yaml, parse_memory_mib, read_text
 
 EXAMPLE_QUOTAS: Path = Path(str(files("gpupool.hub_config").joinpath("quotas.yaml")))
 
 _TOP = ("per_user", "per_group", "users")
-_LIMITS = tuple(resource.name for resource in RESOURCES)
+# The file writes CPU in cores and memory as a size, the way profiles and pool files do.
+_IN_FILE = {"cpu_milli": "cpu", "memory_mib": "memory"}
+_LIMITS = tuple(_IN_FILE.get(resource.name, resource.name) for resource in RESOURCES)
+_LARGEST = 10**12
 
 
 class QuotaFileError(ValueError):
@@ -89,9 +94,27 @@ def _quota(where: _Where, raw: object) -> Quota:
     for name, value in raw.items():
         if value is None:
             continue  # written out but left empty: unlimited, like leaving it out
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if name == "cpu":
+            values["cpu_milli"] = _cpu_milli(where, value)
+        elif name == "memory":
+            values["memory_mib"] = parse_memory_mib(where, value, "256GiB", _LARGEST)
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
             where.fail(
                 f"{name} must be a whole number of 0 or more (leave it out for no limit), got {value!r}"
             )
-        values[name] = value
+        else:
+            values[name] = value
     return Quota(**values)
+
+
+def _cpu_milli(where: _Where, value: object) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0.001 <= value < _LARGEST
+    ):
+        where.fail(
+            f"cpu must be a number of cores such as 32 or 0.5 (leave it out for no limit), got {value!r}"
+        )
+    return round(value * 1000)

@@ -11,8 +11,11 @@ Two layers apply together, and a request must pass both:
   with GPUs.
 
 Servers and jobs count together: the caller passes every request the user holds. A request that asks for
-none of a resource is never refused for it, so lowering a quota below what a user already holds does not lock
-them out of, say, a CPU-only server.
+none of a resource is never refused for it, so lowering a GPU quota below what a user already holds does not
+lock them out of, say, a CPU-only server. Every request asks for CPU and memory, so those limits bound every
+lease, CPU-only ones included.
+
+Without a quotas file, :func:`default_policy` still keeps one user from taking the whole pool.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .devices import FULL_MILLI
+from .devices import FULL_MILLI, GpuMode, Node
 from .requests import GpuShare, MigSlice, Request, WholeGpus
 
 
@@ -41,6 +44,8 @@ class Quota:
     mig_slices: int | None = None
     gpu_shares: int | None = None
     gpu_milli: int | None = None
+    cpu_milli: int | None = None
+    memory_mib: int | None = None
 
     def __post_init__(self) -> None:
         for resource in RESOURCES:
@@ -100,6 +105,8 @@ RESOURCES = (
     _Resource(
         "gpu_milli", "GPU of whole GPUs and shares", "GPUs of whole GPUs and shares", _milli, FULL_MILLI
     ),
+    _Resource("cpu_milli", "CPU", "CPUs", lambda request: request.cpu_milli, 1000),
+    _Resource("memory_mib", "GiB of memory", "GiB of memory", lambda request: request.memory_mib, 1024),
 )
 _BY_NAME = {r.name: r for r in RESOURCES}
 
@@ -156,6 +163,37 @@ class QuotaPolicy:
         order = [r.name for r in RESOURCES]
         tightest = min(broken, key=lambda lim: (order.index(lim.resource), lim.value, lim.scope != "user"))
         return QuotaExceeded(tightest, totals[tightest.resource], asked[tightest.resource])
+
+
+def default_policy(nodes: Iterable[Node], requests: Iterable[Request]) -> QuotaPolicy:
+    """The quota when the admin gave none: each user may hold half the pool's CPUs, memory and whole or
+    shared GPUs, or what the largest of ``requests`` (the profiles) asks if that is more, so every profile
+    can still start. One user's leases, CPU-only ones included, can then never fill the pool."""
+    nodes, asks = list(nodes), list(requests)
+
+    def half(total: int, resource: str) -> int:
+        largest = max((_BY_NAME[resource].amount(ask) for ask in asks), default=0)
+        return max((total + 1) // 2, largest)
+
+    gpu_milli = sum(FULL_MILLI for node in nodes for gpu in node.gpus if gpu.mode is not GpuMode.MIG)
+    return QuotaPolicy(
+        per_user=Quota(
+            gpu_milli=half(gpu_milli, "gpu_milli"),
+            cpu_milli=half(sum(node.cpu_milli for node in nodes), "cpu_milli"),
+            memory_mib=half(sum(node.memory_mib for node in nodes), "memory_mib"),
+        )
+    )
+
+
+def describe_quota(quota: Quota) -> str:
+    """A quota in words: ``56 CPUs, 1024 GiB of memory, 4 GPUs of whole GPUs and shares``."""
+    parts = []
+    for resource in RESOURCES:
+        value = getattr(quota, resource.name)
+        if value is not None:
+            noun = resource.one if value == resource.scale else resource.many
+            parts.append(f"{value / resource.scale:g} {noun}")
+    return ", ".join(parts) or "anything (no limits)"
 
 
 def _message(limit: Limit, held: int, asked: int) -> str:

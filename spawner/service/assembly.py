@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +25,8 @@ from ..backends.discovery import DiscoveredPool, discover_pool
 from ..files.profiles_file import load_profiles
 from ..files.quotas_file import load_quotas
 from ..pool.policies import policy_by_name
+from ..pool.profiles import Profile
+from ..pool.quotas import default_policy, describe_quota
 from ..telemetry.activity import ActivityTracker
 from .api.app import create_app
 from .api.auth import Authenticator
@@ -127,8 +129,8 @@ def assemble(settings: ServiceSettings) -> Service:
     if pool.note:
         log.warning("%s", pool.note)
     log.info("pool from %s (%s): %d nodes", pool.source, pool.backend, len(pool.nodes))
-    manager = lease_manager(settings, pool)
     profiles = load_profiles(settings.profiles_file)
+    manager = lease_manager(settings, pool, profiles)
     jobs = JobManager(
         manager,
         JobStore(manager.store.engine),
@@ -145,17 +147,20 @@ def assemble(settings: ServiceSettings) -> Service:
     return service
 
 
-def lease_manager(settings: ServiceSettings, pool: DiscoveredPool) -> LeaseManager:
-    """The lease manager over the pool and the store, with the placement policy and quotas of the settings."""
-    quotas = load_quotas(settings.quotas_file) if settings.quotas_file else None
+def lease_manager(
+    settings: ServiceSettings, pool: DiscoveredPool, profiles: Sequence[Profile]
+) -> LeaseManager:
+    """The lease manager over the pool and the store, with the placement policy and quotas of the settings
+    (without a quotas file, the default: half the pool per user, see :func:`default_policy`)."""
+    if settings.quotas_file:
+        quotas, whose = load_quotas(settings.quotas_file), f"quotas from {settings.quotas_file}"
+    else:
+        quotas = default_policy(pool.nodes, (p.request() for p in profiles))
+        whose = f"no quotas file, so each user may hold at most {describe_quota(quotas.per_user)}"
     policy = policy_by_name(settings.policy)
     store = LeaseStore(settings.db_url or sqlite_url(str(Path.cwd() / "gpupool.sqlite")))
     manager = LeaseManager(pool.nodes, store, policy=policy, quotas=quotas)
-    log.info(
-        "placement policy %s; %s",
-        policy.name,
-        f"quotas from {settings.quotas_file}" if quotas else "no quotas",
-    )
+    log.info("placement policy %s; %s", policy.name, whose)
     for lease in manager.released_at_start:
         log.warning("released at start-up: lease %s of %s (%s)", lease.id, lease.user, lease.release_reason)
     return manager
