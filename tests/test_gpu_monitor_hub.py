@@ -105,8 +105,10 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningHub]:
 
 
 def lease_for(hub: RunningHub, user: str, profile: str, name: str) -> dict[str, Any]:
-    with hub.as_user(user) as client:
-        answer = client.post("/leases", json={"profile": profile, "owner_kind": "server", "owner_name": name})
+    """A lease for ``user``'s server ``name``, made as the hub's spawner makes it."""
+    body = {"profile": profile, "owner_kind": "server", "owner_name": name, "user": user}
+    with httpx.Client(headers={"Authorization": f"token {HUB_CLIENT_TOKEN}"}, timeout=10) as spawner:
+        answer = spawner.post(f"{hub.service_api}/leases", json=body)
     assert answer.status_code == 201, answer.text
     lease: dict[str, Any] = answer.json()
     assert lease["state"] == "granted", lease

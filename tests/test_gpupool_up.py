@@ -20,7 +20,16 @@ import pytest
 from hub_harness import environ_of
 from jupyterhub.app import JupyterHub
 from traitlets.config import Config, PyFileConfigLoader
-from up_harness import api_token, extra_config, free_port_family, login, require_proxy, start_up, up_command
+from up_harness import (
+    Up,
+    api_token,
+    extra_config,
+    free_port_family,
+    login,
+    require_proxy,
+    start_up,
+    up_command,
+)
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
 from gpupool.spawner.hub.spawner import LocalGPUSpawner, SimpleLocalGPUSpawner
@@ -89,12 +98,7 @@ def test_a_notebook_server_reaches_the_service_with_its_own_token(start: tuple[P
             base_url=f"{up.url}/hub/api", headers={"Authorization": f"token {token}"}, timeout=30
         )
         with contextlib.closing(hub):
-            started = hub.post("/users/demo/server", json={"profile": "cpu"})
-            assert started.status_code in (201, 202), started.text
-            deadline = time.monotonic() + 90
-            while not (server := hub.get("/users/demo").json()["servers"].get("", {})).get("ready"):
-                assert time.monotonic() < deadline, f"the server did not start:\n{up.log_tail()}"
-                time.sleep(0.2)
+            server = _start_demo_server(up, hub)
             environ = environ_of(int(server["state"]["pid"]))
             connection = Connection(environ=environ)
             try:
@@ -108,6 +112,18 @@ def test_a_notebook_server_reaches_the_service_with_its_own_token(start: tuple[P
         up.stop()
 
 
+def _start_demo_server(up: Up, hub: httpx.Client) -> dict[str, Any]:
+    """Start the demo user's CPU server through the hub's API and wait until it is ready."""
+    started = hub.post("/users/demo/server", json={"profile": "cpu"})
+    assert started.status_code in (201, 202), started.text
+    deadline = time.monotonic() + 90
+    while not (server := hub.get("/users/demo").json()["servers"].get("", {})).get("ready"):
+        assert time.monotonic() < deadline, f"the server did not start:\n{up.log_tail()}"
+        time.sleep(0.2)
+    ready: dict[str, Any] = server
+    return ready
+
+
 def test_a_restart_keeps_the_password_and_both_databases(start: tuple[Path, int]) -> None:
     tmp, port = start
     state = tmp / "state"
@@ -118,14 +134,8 @@ def test_a_restart_keeps_the_password_and_both_databases(start: tuple[Path, int]
             token = api_token(client)
         headers = {"Authorization": f"token {token}"}
         api = f"{first.url}/services/gpupool/api/v1"
-        lease = httpx.post(
-            f"{api}/leases",
-            json={"profile": "mig-3g", "owner_kind": "server", "owner_name": ""},
-            headers=headers,
-            timeout=10,
-        )
-        assert lease.status_code == 201, lease.text
-        lease_id = lease.json()["id"]
+        with httpx.Client(base_url=f"{first.url}/hub/api", headers=headers, timeout=30) as hub:
+            lease_id = _start_demo_server(first, hub)["state"]["gpupool_lease_id"]
     finally:
         first.stop()
     assert (state / "jupyterhub.sqlite").is_file() and (state / "gpupool.sqlite").is_file()

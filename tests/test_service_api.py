@@ -55,10 +55,13 @@ def _mig_instance(pool: dict[str, Any], uuid: str) -> dict[str, Any]:
     return next(m for n in pool["nodes"] for g in n["gpus"] for m in g["mig"] if m["uuid"] == uuid)
 
 
-def _new_lease(client: httpx.Client, profile: str = "mig-3g", **body: Any) -> dict[str, Any]:
-    response = client.post(
-        "/leases", json={"profile": profile, "owner_kind": "server", "owner_name": ""} | body
-    )
+def _new_lease(hub: Hub, user: str, profile: str = "mig-3g", **body: Any) -> dict[str, Any]:
+    """A lease for ``user``'s server, made as the hub's spawner makes it (users cannot make leases)."""
+    with hub.as_user("hub-client") as spawner:
+        response = spawner.post(
+            "/leases",
+            json={"profile": profile, "owner_kind": "server", "owner_name": "", "user": user} | body,
+        )
     assert response.status_code == 201, response.text
     lease: dict[str, Any] = response.json()
     return lease
@@ -87,7 +90,7 @@ def test_a_request_without_a_token_is_401_and_a_bad_token_403(hub: Hub) -> None:
 
 def test_the_metrics_page_parses_and_matches_the_pool_and_its_leases(hub: Hub) -> None:
     with hub.as_user("alice") as alice, hub.as_user("admin") as admin:
-        lease = _new_lease(alice)
+        lease = _new_lease(hub, "alice")
         url = f"{hub.url}/services/gpupool/metrics"
         assert httpx.get(url, headers=alice.headers, timeout=10).status_code == 403  # admins only
         page = httpx.get(url, headers=admin.headers, timeout=10)
@@ -118,10 +121,10 @@ def test_the_metrics_page_parses_and_matches_the_pool_and_its_leases(hub: Hub) -
         return next(s.value for s in family.samples if s.labels["reason"] == "quota")
 
     before = quota_refusals()
-    with hub.as_user("carol") as carol:
-        held = _new_lease(carol, "mig-1g")
-        body = {"profile": "mig-1g", "owner_kind": "server", "owner_name": "second"}
-        assert carol.post("/leases", json=body).status_code == 403
+    with hub.as_user("carol") as carol, hub.as_user("hub-client") as spawner:
+        held = _new_lease(hub, "carol", "mig-1g")
+        body = {"profile": "mig-1g", "owner_kind": "server", "owner_name": "second", "user": "carol"}
+        assert spawner.post("/leases", json=body).status_code == 403
         carol.delete(f"/leases/{held['id']}")
     assert quota_refusals() == before + 1
 
@@ -146,7 +149,7 @@ def test_alice_sees_the_profiles_she_may_use_with_availability(hub: Hub) -> None
 
 def test_alice_gets_a_mig_slice_and_releasing_it_returns_the_capacity(hub: Hub) -> None:
     with hub.as_user("alice") as alice:
-        lease = _new_lease(alice)
+        lease = _new_lease(hub, "alice")
         assert lease["state"] == "granted" and lease["user"] == "alice"
         (device,) = lease["devices"]
         assert device["uuid"].startswith("MIG-") and lease["visible_devices"] == device["uuid"]
@@ -161,7 +164,7 @@ def test_alice_gets_a_mig_slice_and_releasing_it_returns_the_capacity(hub: Hub) 
 
 def test_bob_can_neither_see_nor_release_alices_lease(hub: Hub) -> None:
     with hub.as_user("alice") as alice, hub.as_user("bob") as bob:
-        lease = _new_lease(alice)
+        lease = _new_lease(hub, "alice")
         for refused in (bob.get(f"/leases/{lease['id']}"), bob.delete(f"/leases/{lease['id']}")):
             assert refused.status_code == 403, refused.text
             assert "alice" not in refused.text  # whose it is stays private
@@ -171,13 +174,18 @@ def test_bob_can_neither_see_nor_release_alices_lease(hub: Hub) -> None:
         alice.delete(f"/leases/{lease['id']}")
 
 
-def test_a_user_cannot_ask_for_another_user_but_the_hub_can(hub: Hub) -> None:
+def test_only_the_hubs_spawners_make_leases(hub: Hub) -> None:
+    # a lease a user made for no server would hold its GPU until reconciliation found it out
     with hub.as_user("bob") as bob, hub.as_user("hub-client") as spawner, hub.as_user("admin") as admin:
-        refused = bob.post(
-            "/leases", json={"profile": "cpu", "owner_kind": "server", "owner_name": "", "user": "alice"}
-        )
-        assert refused.status_code == 403 and refused.json()["fields"] == ["user"]
-        lease = _new_lease(spawner, "cpu", user="alice", owner_name="gpu")
+        for body in ({}, {"user": "alice"}, {"user": "bob"}):
+            refused = bob.post(
+                "/leases", json={"profile": "cpu", "owner_kind": "server", "owner_name": ""} | body
+            )
+            assert refused.status_code == 403, refused.text
+            assert "user bob may not make leases" in refused.json()["detail"]
+        nameless = spawner.post("/leases", json={"profile": "cpu", "owner_kind": "server", "owner_name": ""})
+        assert nameless.status_code == 400 and nameless.json()["fields"] == ["user"]
+        lease = _new_lease(hub, "alice", "cpu", owner_name="gpu")
         assert lease["user"] == "alice"
         assert lease["id"] in {every["id"] for every in admin.get("/leases").json()}
         alices = spawner.get("/leases", params={"user": "alice", "active_only": "true"}).json()
@@ -190,20 +198,24 @@ def test_a_user_cannot_ask_for_another_user_but_the_hub_can(hub: Hub) -> None:
 
 
 def test_a_quota_from_the_quotas_file_refuses_with_the_limit_named(hub: Hub) -> None:
-    with hub.as_user("carol") as carol:
-        first = _new_lease(carol, "mig-1g")
-        refused = carol.post("/leases", json={"profile": "mig-3g", "owner_kind": "server", "owner_name": "b"})
+    with hub.as_user("carol") as carol, hub.as_user("hub-client") as spawner:
+        first = _new_lease(hub, "carol", "mig-1g")
+        refused = spawner.post(
+            "/leases", json={"profile": "mig-3g", "owner_kind": "server", "owner_name": "b", "user": "carol"}
+        )
         assert refused.status_code == 403, refused.text
         problem = refused.json()
         assert problem["error"] == "quota_exceeded"
         assert "carol's quota allows 1 MIG slice at once" in problem["detail"], problem["detail"]
         assert carol.delete(f"/leases/{first['id']}").status_code == 200
-        _new_lease(carol, "mig-3g")  # with the first one given back, the second fits the quota
+        _new_lease(hub, "carol", "mig-3g")  # with the first one given back, the second fits the quota
 
 
 def test_an_unknown_profile_is_a_400_listing_the_slugs(hub: Hub) -> None:
-    with hub.as_user("alice") as alice:
-        response = alice.post("/leases", json={"profile": "nope", "owner_kind": "server", "owner_name": ""})
+    with hub.as_user("hub-client") as spawner:
+        response = spawner.post(
+            "/leases", json={"profile": "nope", "owner_kind": "server", "owner_name": "", "user": "alice"}
+        )
     assert response.status_code == 400
     body = response.json()
     assert body["error"] == "unknown_profile" and body["fields"] == ["profile"]
@@ -211,9 +223,10 @@ def test_an_unknown_profile_is_a_400_listing_the_slugs(hub: Hub) -> None:
 
 
 def test_a_bad_body_names_the_field(hub: Hub) -> None:
-    with hub.as_user("alice") as alice:
-        response = alice.post("/leases", json={"profile": "cpu", "owner_kind": "vm", "owner_name": ""})
-        missing = alice.post("/leases", json={"profile": "cpu", "owner_kind": "server"})
+    with hub.as_user("hub-client") as spawner:
+        lease = {"profile": "cpu", "user": "alice"}
+        response = spawner.post("/leases", json=lease | {"owner_kind": "vm", "owner_name": ""})
+        missing = spawner.post("/leases", json=lease | {"owner_kind": "server"})
     assert response.status_code == 400
     assert response.json()["fields"] == ["owner_kind"]
     assert response.json()["detail"].startswith("owner_kind:")
@@ -241,7 +254,7 @@ def test_a_second_service_on_the_taken_port_stops_before_it_opens_a_store(hub: H
 def test_a_restarted_service_still_knows_alices_lease(hub: Hub) -> None:
     """Runs last: the hub restarts a dead managed service only on its 30 s poll, so start one ourselves."""
     with hub.as_user("alice") as alice:
-        lease = _new_lease(alice)
+        lease = _new_lease(hub, "alice")
         hub.kill_service()
         hub.start_service()
 

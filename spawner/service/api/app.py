@@ -139,12 +139,13 @@ def _problem_handlers(app: FastAPI) -> None:
         if exc.status_code == 405:
             exc.headers = {**(exc.headers or {}), "Allow": _allowed_methods(app, request)}
         names = {401: "unauthenticated", 403: "forbidden", 404: "not_found", 502: "hub_unreachable"}
-        field = str(exc.detail).split(":", 1)[0] if exc.status_code == 403 else ""
+        # a refusal about one field starts with its name: "user: ...", "owner_kind: ..."
+        field = str(exc.detail).split(":", 1)[0] if exc.status_code in (400, 403) else ""
         response = problem(
             exc.status_code,
             names.get(exc.status_code, "error"),
             str(exc.detail),
-            [field] if field in ("user", "groups", "profile") else [],
+            [field] if field.isidentifier() else [],
         )
         response.headers.update(exc.headers or {})
         return response

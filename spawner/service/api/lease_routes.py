@@ -53,27 +53,30 @@ async def get_profiles(parts: PartsDep, caller: CallerDep) -> list[ProfileOut]:
 
 @router.post("/leases", status_code=status.HTTP_201_CREATED, summary="Ask for a lease (granted or queued)")
 async def post_lease(body: LeaseRequest, parts: PartsDep, caller: CallerDep) -> LeaseOut:
-    if body.owner_kind == "job":  # a job lease without its job would never be given back
+    """Only the hub's spawners make leases, each for the server it starts; a job's lease comes with the job
+    (``POST jobs``). A lease anyone else made would have no server or job behind it to give it back."""
+    if not caller.acts_for_others:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"{caller.kind} {caller.name} may not make leases: a server gets its lease from the hub's spawner "
+            "when it starts, a job with POST jobs",
+        )
+    if body.owner_kind == "job":
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
             "owner_kind: job leases are made by POST jobs, with the job that holds them",
         )
-    if (body.user is not None or body.groups is not None) and not caller.acts_for_others:
-        field = "user" if body.user is not None else "groups"
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN,
-            f"{field}: only a token with custom:gpupool:leases may ask on behalf of a user",
-        )
-    user = body.user or caller.name
-    groups = frozenset(body.groups) if body.groups is not None else caller.groups
+    if body.user is None:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "user: name the user whose server the lease is for")
+    groups = frozenset(body.groups or ())
     profile = find_profile(parts.profiles, body.profile)
-    if not profile.visible_to(groups, caller.is_admin):
+    if not profile.visible_to(groups, caller.is_admin):  # the spawner has checked the user's own rights
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
             f"profile: only members of {' or '.join(sorted(profile.groups))} may use {profile.slug}",
         )
     lease = parts.manager.request_lease(
-        user, groups, body.owner_kind, body.owner_name, profile.slug, profile.request()
+        body.user, groups, body.owner_kind, body.owner_name, profile.slug, profile.request()
     )
     return lease_out(parts, lease)
 

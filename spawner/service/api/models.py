@@ -19,7 +19,7 @@ from ..store.lease_store import request_to_json
 
 
 class LeaseRequest(BaseModel):
-    """``POST leases``: a profile for a server or a job. ``user`` and ``groups`` are the hub's to set."""
+    """``POST leases``, the hub's spawners only: a profile for a user's server."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -32,11 +32,11 @@ class LeaseRequest(BaseModel):
         default=None,
         min_length=1,
         max_length=255,
-        description="whose lease; only with custom:gpupool:leases, otherwise the caller",
+        description="whose server the lease is for (required)",
     )
     groups: list[str] | None = Field(
         default=None,
-        description="the user's groups, for profile rules and group quotas; only with custom:gpupool:leases",
+        description="the user's groups, for profile rules and group quotas",
     )
 
 
