@@ -10,6 +10,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from kube_cluster import LocalKube, local_kube
+from postgres_server import PostgresMissing, PostgresServer, postgres_server
+
+from gpupool.spawner.service.store.lease_store import sqlite_url
 
 
 @pytest.fixture(scope="session")
@@ -17,6 +20,29 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKube]:
     """The real control plane with the simulated nodes of ``tests/pools/kube.yaml``: once per test run."""
     with local_kube(tmp_path_factory.mktemp("kube")) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server (Debian's package), once per test run (per worker)."""
+    try:
+        server = postgres_server()
+        running = server.__enter__()
+    except PostgresMissing as missing:
+        pytest.fail(str(missing))
+    try:
+        yield running
+    finally:
+        server.__exit__(None, None, None)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database for the service's store: an SQLite file, then a database on the real PostgreSQL."""
+    if request.param == "sqlite":
+        return sqlite_url(str(tmp_path / "gpupool.sqlite"))
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return server.new_database()
 
 
 # Tiers: `make test` runs everything; `make test-fast` leaves out what starts processes, a browser or a cluster.

@@ -40,9 +40,10 @@ NODES = [node("dgx", [gpu("dgx", 0), gpu("dgx", 1)])]
 ONE_GPU = Request(1000, 1024, WholeGpus(1, H100))
 
 
-def service(tmp_path: Path) -> tuple[JobManager, HealthKeeper]:
-    """Managers and a health keeper on the SQLite file in ``tmp_path``: a second call is a restart."""
-    store = LeaseStore(sqlite_url(str(tmp_path / "gpupool.sqlite")))
+def service(where: Path | str) -> tuple[JobManager, HealthKeeper]:
+    """Managers and a health keeper on the database ``where`` (a URL, or a folder for an SQLite file in it):
+    a second call is a restart."""
+    store = LeaseStore(where if isinstance(where, str) else sqlite_url(str(where / "gpupool.sqlite")))
     jobs = JobManager(LeaseManager(NODES, store), JobStore(store.engine), [ONE], grace=1.0)
     keeper = HealthKeeper(jobs, HealthStore(store.engine))
     keeper.restore()
@@ -156,12 +157,12 @@ def test_a_fault_seen_by_telemetry_requeues_the_job_running_there(tmp_path: Path
     until(jobs, lambda: jobs.get(job.id).state.finished, "the job to end")
 
 
-def test_a_drain_survives_a_restart_and_undrain_admits_queued_work(tmp_path: Path) -> None:
-    jobs, keeper = service(tmp_path)
+def test_a_drain_survives_a_restart_and_undrain_admits_queued_work(db_url: str) -> None:
+    jobs, keeper = service(db_url)
     lease_id, index = server_on(jobs)
     stopped, servers = keeper.drain("dgx", index, "user admin")
     assert stopped == [] and servers == [lease_id]  # servers keep running
-    jobs, keeper = service(tmp_path)  # the service restarts
+    jobs, keeper = service(db_url)  # the service restarts
     assert jobs.leases.health_of("dgx", index) is Health.DRAINED
     assert jobs.leases.get(lease_id).state is LeaseState.GRANTED
     jobs.leases.release(lease_id)
@@ -171,35 +172,35 @@ def test_a_drain_survives_a_restart_and_undrain_admits_queued_work(tmp_path: Pat
     assert keeper.undrain("dgx", index) is Health.HEALTHY
     assert jobs.leases.get(queued.id).devices[0].gpu_uuid == f"GPU-dgx-{index}"
     assert keeper.store.all() == []
-    jobs, keeper = service(tmp_path)
+    jobs, keeper = service(db_url)
     assert jobs.leases.health_of("dgx", index) is Health.HEALTHY
 
 
-def test_undraining_a_gpu_that_failed_meanwhile_leaves_it_unhealthy(tmp_path: Path) -> None:
-    jobs, keeper = service(tmp_path)
+def test_undraining_a_gpu_that_failed_meanwhile_leaves_it_unhealthy(db_url: str) -> None:
+    jobs, keeper = service(db_url)
     keeper.drain("dgx", 0, "user admin")
     keeper.observe(Snapshot(1.0, (sample(0, (48,)),), True, "simulated"))
     assert keeper.undrain("dgx", 0) is Health.UNHEALTHY
     assert jobs.leases.pool.node("dgx").gpu_health[0] is Health.UNHEALTHY
 
 
-def test_an_admins_fault_survives_a_restart_until_the_gpu_is_repaired(tmp_path: Path) -> None:
-    jobs, keeper = service(tmp_path)
+def test_an_admins_fault_survives_a_restart_until_the_gpu_is_repaired(db_url: str) -> None:
+    jobs, keeper = service(db_url)
     stopped, servers = keeper.fault("dgx", 0, "user admin")
     assert stopped == [] and servers == []
-    jobs, keeper = service(tmp_path)  # the service restarts: the GPU is still out, and nothing lands on it
+    jobs, keeper = service(db_url)  # the service restarts: the GPU is still out, and nothing lands on it
     assert jobs.leases.health_of("dgx", 0) is Health.UNHEALTHY
     first = jobs.leases.request_lease("bob", [], "server", "bob", "h100", ONE_GPU)
     queued = jobs.leases.request_lease("carol", [], "server", "carol", "h100", ONE_GPU)
     assert first.devices[0].gpu_uuid == "GPU-dgx-1" and queued.state is LeaseState.QUEUED
     assert keeper.repair("dgx", 0) is Health.HEALTHY
     assert jobs.leases.get(queued.id).devices[0].gpu_uuid == "GPU-dgx-0"  # the repaired GPU takes the queue
-    jobs, keeper = service(tmp_path)
+    jobs, keeper = service(db_url)
     assert jobs.leases.health_of("dgx", 0) is Health.HEALTHY and keeper.store.all() == []
 
 
-def test_repair_lifts_a_fault_the_telemetry_found_but_not_a_drain(tmp_path: Path) -> None:
-    jobs, keeper = service(tmp_path)
+def test_repair_lifts_a_fault_the_telemetry_found_but_not_a_drain(db_url: str) -> None:
+    jobs, keeper = service(db_url)
     keeper.drain("dgx", 1, "user admin")
     keeper.observe(Snapshot(1.0, (sample(0, (48,)), sample(1, (48,))), True, "simulated"))
     assert keeper.repair("dgx", 0) is Health.HEALTHY and keeper.repair("dgx", 1) is Health.DRAINED
@@ -207,22 +208,22 @@ def test_repair_lifts_a_fault_the_telemetry_found_but_not_a_drain(tmp_path: Path
     assert jobs.leases.health_of("dgx", 0) is Health.UNHEALTHY
 
 
-def test_drains_stored_before_health_marks_are_carried_over(tmp_path: Path) -> None:
-    store = LeaseStore(sqlite_url(str(tmp_path / "gpupool.sqlite")))
+def test_drains_stored_before_health_marks_are_carried_over(db_url: str) -> None:
+    store = LeaseStore(db_url)
     with store.engine.begin() as connection:  # the table as the previous release made it
         connection.exec_driver_sql(
             "CREATE TABLE drains (key VARCHAR(300) PRIMARY KEY, node VARCHAR(253), gpu_index INTEGER, "
             'drained_at FLOAT, "by" VARCHAR(255))'
         )
         connection.exec_driver_sql("INSERT INTO drains VALUES ('dgx/1', 'dgx', 1, 5.0, 'user admin')")
-    jobs, keeper = service(tmp_path)
+    jobs, keeper = service(db_url)
     assert jobs.leases.health_of("dgx", 1) is Health.DRAINED
     (mark,) = keeper.store.all()
     assert (mark.by, mark.at) == ("user admin", 5.0)
 
 
-def test_draining_an_unknown_node_or_gpu_names_it_and_stores_nothing(tmp_path: Path) -> None:
-    _, keeper = service(tmp_path)
+def test_draining_an_unknown_node_or_gpu_names_it_and_stores_nothing(db_url: str) -> None:
+    _, keeper = service(db_url)
     with pytest.raises(KeyError, match="nope"):
         keeper.drain("nope", None, "user admin")
     with pytest.raises(KeyError, match="no GPU 7"):

@@ -7,6 +7,7 @@ test is quick and says exactly which step did what.
 from __future__ import annotations
 
 import re
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -86,6 +87,25 @@ def test_a_users_own_non_zero_exit_fails_the_job_and_is_not_requeued(tmp_path: P
     failed = jobs.get(job.id)
     assert failed.state is JobState.FAILED and failed.exit_code == 7 and "status 7" in failed.reason
     assert failed.attempts == 1
+
+
+def test_a_job_whose_home_is_not_writable_fails_saying_so(tmp_path: Path, user: str) -> None:
+    # it once failed as "the run ended without an exit status (killed by a signal?)"
+    jobs = managers(tmp_path)
+    home = Path(jobs.runner.identity(user).home)
+    clean_home(user)  # no ~/.gpupool left from other tests to write into
+    mode = stat.S_IMODE(home.stat().st_mode)
+    home.chmod(0o555)
+    try:
+        job, _ = jobs.submit(user, [], sh("echo never"))
+        until(jobs, lambda: jobs.get(job.id).state.finished, "the job to finish")
+    finally:
+        home.chmod(mode)
+    failed = jobs.get(job.id)
+    assert failed.state is JobState.FAILED and failed.exit_code is None
+    assert failed.reason == (
+        f"the job could not create {failed.job_dir} as {user}: their home must exist and be writable by them"
+    )
 
 
 def test_the_same_submission_id_never_starts_a_second_job(tmp_path: Path, user: str) -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from job_user import clean_home, job_user, user_dir
+from polling import until
 
 from gpupool.spawner.pool.profiles import Profile
 from gpupool.spawner.service.jobs import processes
@@ -18,15 +18,6 @@ from gpupool.spawner.service.jobs.submission import InvalidJob, check_submission
 
 RUN = uuid.uuid4().hex[:8]  # job ids unique to this test run: a job directory is never a leftover
 PROFILE = Profile("cpu", "CPU", 1000, 1024, max_lifetime=3600)
-
-
-def until(check: Callable[[], bool], what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.02)
-    pytest.fail(f"{what} within {timeout}s")
 
 
 @pytest.fixture(scope="module")

@@ -258,4 +258,4 @@ def test_the_dockerfiles_build_on_the_right_base_and_end_as_a_normal_user(image:
     if image == "singleuser":
         assert "nvidia-ml-py" in installs and "gpupool.widgets" in installs
     else:
-        assert '"/tmp/gpupool[kubernetes]"' in installs
+        assert '"/tmp/gpupool[kubernetes,postgresql]"' in installs  # the chart's store is PostgreSQL

@@ -31,8 +31,9 @@ def new(user: str = "alice", request: Request = H100, at: float = 100.0, priorit
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> LeaseStore:
-    return LeaseStore(sqlite_url(str(tmp_path / "leases.sqlite")))
+def store(db_url: str) -> LeaseStore:
+    """A store on SQLite, then on PostgreSQL (the db_url fixture)."""
+    return LeaseStore(db_url)
 
 
 def test_wal_is_on_for_sqlite(tmp_path: Path) -> None:
@@ -59,8 +60,8 @@ def test_every_kind_of_request_reads_back_equal(request_: Request) -> None:
     assert request_from_json(request_to_json(request_)) == request_
 
 
-def test_a_granted_lease_reads_back_as_written_after_reopening(tmp_path: Path) -> None:
-    url = sqlite_url(str(tmp_path / "leases.sqlite"))
+def test_a_granted_lease_reads_back_as_written_after_reopening(db_url: str) -> None:
+    url = db_url
     first = LeaseStore(url)
     written = first.add_granted(new(), "dgx", GRANTS)
     first.close()

@@ -324,7 +324,8 @@ def test_bad_mig_and_sharing_layouts_are_explained(extra: str, expected: str) ->
         (NODE + "    labels: [a]\n", "node gpu-a: labels must be a mapping"),
         (NODE + f"    labels: {{{BACKEND_LABEL}: real}}\n", "is set by the simulated backend"),
         (NODE + "    gpus: {count: 2}\n", "node gpu-a: missing required field 'gpus.product'"),
-        (NODE + "    gpus: {product: T4, count: 0}\n", "gpus.count must be a whole number of at least 1"),
+        (NODE + "    gpus: {product: T4, count: 0}\n", "gpus.count must be a whole number from 1 to 64, got 0"),
+        (NODE + "    gpus: {product: T4, count: 1000000}\n", "gpus.count must be a whole number from 1 to 64"),
         (NODE + "    gpus: {product: T4, count: 2, driver_version: 535.10}\n", "must be a quoted version"),
         (NODE + "    gpus: {product: T4, count: 2, nvlink: [[0, 1], [1]]}\n", "gpu 1: gpus.nvlink puts"),
         (NODE + "    mig: {0: [1g.10gb]}\n", "node gpu-a: mig needs gpus, and this node declares none"),
@@ -332,12 +333,22 @@ def test_bad_mig_and_sharing_layouts_are_explained(extra: str, expected: str) ->
     ],
     ids=[
         "bad-name", "no-cpu", "cpu-text", "cpu-bool", "memory-unit", "health", "labels", "reserved-label",
-        "no-product", "zero-gpus", "float-driver", "nvlink-twice", "mig-without-gpus", "node-not-mapping",
+        "no-product", "zero-gpus", "a-million-gpus", "float-driver", "nvlink-twice", "mig-without-gpus", "node-not-mapping",
     ],
 )  # fmt: skip
 def test_other_field_mistakes_are_named(text: str, expected: str) -> None:
     message = problem(text)
     assert message.startswith("pool.yaml: ") and expected in message
+
+
+def test_a_pool_file_has_documented_limits_and_says_which(tmp_path: Path) -> None:
+    # a file declaring a million GPUs once ran past 60 s and 644 MB before the service could start
+    many = "nodes:\n" + "".join(f"  - {{name: n{i}, cpu: 1, memory: 1GiB}}\n" for i in range(10_001))
+    assert problem(many) == "pool.yaml: 'nodes' lists 10001 nodes; a pool file holds at most 10000"
+    huge = tmp_path / "huge.yaml"
+    huge.write_text(NODE + "# " + "x" * (4 * 2**20) + "\n")
+    with pytest.raises(PoolFileError, match=r"huge.yaml: the pool file is larger than 4 MiB, the most read"):
+        load_pool_file(huge)
 
 
 def test_a_bad_last_node_is_reported_though_the_first_ones_are_fine() -> None:

@@ -3,11 +3,9 @@ against GPU-hours used, per user and profile, across a service restart."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
+from gpupool.spawner.service.store.lease_store import LeaseStore
 from gpupool.spawner.service.store.usage_store import UsageStore
 from gpupool.spawner.telemetry import Holder, MinuteAggregator, Sample
 
@@ -25,8 +23,8 @@ def _hour_of_minutes(aggregator: MinuteAggregator, uuid: str, profile: str | Non
 
 
 @pytest.fixture
-def usage(tmp_path: Path) -> UsageStore:
-    return UsageStore(LeaseStore(sqlite_url(str(tmp_path / "gpupool.sqlite"))).engine)
+def usage(db_url: str) -> UsageStore:
+    return UsageStore(LeaseStore(db_url).engine)
 
 
 def test_an_hour_held_busy_and_an_hour_held_idle_read_as_such(usage: UsageStore) -> None:
@@ -55,9 +53,9 @@ def test_minutes_nobody_held_are_not_billed_and_reports_filter_by_user(usage: Us
     assert [row.user for row in usage.report(0, 2e6, user="alice")] == ["alice"]
 
 
-def test_the_minutes_outlive_a_restart(tmp_path: Path) -> None:
-    first = UsageStore(LeaseStore(sqlite_url(str(tmp_path / "gpupool.sqlite"))).engine)
+def test_the_minutes_outlive_a_restart(db_url: str) -> None:
+    first = UsageStore(LeaseStore(db_url).engine)
     first.add(_hour_of_minutes(MinuteAggregator(), "GPU-a", None, 80.0, ALICE))
-    again = UsageStore(LeaseStore(sqlite_url(str(tmp_path / "gpupool.sqlite"))).engine)
+    again = UsageStore(LeaseStore(db_url).engine)
     (row,) = again.report(0, 2e6)
     assert row.gpu_hours_held == pytest.approx(1.0, abs=0.02)

@@ -6,7 +6,7 @@ from names (uuid5), so a restart on the same file gives the same devices and lea
 
 Schema (see ``hub_config/pools/demo.yaml`` for a full example)::
 
-    nodes:                      # required: a non-empty list; no other top-level fields
+    nodes:                      # required: a non-empty list of at most 10,000; no other top-level fields
       - name: dgx-h100-01       # required, unique: lowercase DNS labels (a-z, 0-9, '-'), may be joined by '.'
         cpu: 112                # required: cores, int or float (0.5 is 500 milli-CPU)
         memory: 2048GiB         # required: "NNNGiB", "NNNMiB" or an integer of MiB
@@ -14,7 +14,7 @@ Schema (see ``hub_config/pools/demo.yaml`` for a full example)::
         health: healthy         # optional: healthy | unhealthy | drained
         gpus:                   # optional: leave out for a CPU-only node
           product: H100-80GB    # required: any spelling products.normalize_product accepts; stored canonical
-          count: 8              # required: at least 1; GPU memory comes from the product
+          count: 8              # required: 1 to 64; GPU memory comes from the product
           nvlink: true          # optional: true (all in NVLink group 0) or index lists, one per group
           compute_capability: "9.0"    # optional: defaults to the product's
           driver_version: "550.54.15"  # optional: quote it, or YAML may read it as a number
@@ -47,6 +47,8 @@ BACKEND_LABEL = "gpupool.io/backend"
 DEMO_POOL: Path = Path(str(files("gpupool.hub_config").joinpath("pools", "demo.yaml")))
 
 _TOP_FIELDS = ("nodes",)
+MAX_NODES = 10_000  # a pool file is for a lab's machines; a cluster's nodes come from Kubernetes
+MAX_GPUS_PER_NODE = 64  # the largest machines hold 16
 _LARGEST = 10**12  # beyond any real node; keeps CPU and memory within the pool state's int64 arrays
 _NODE_FIELDS = ("name", "cpu", "memory", "labels", "health", "gpus", "mig", "shared", "unhealthy")
 _GPU_FIELDS = ("product", "count", "nvlink", "compute_capability", "driver_version")
@@ -96,6 +98,8 @@ def parse_pool(data: object, source: str) -> tuple[Node, ...]:
     raw_nodes = data["nodes"]
     if not isinstance(raw_nodes, list) or not raw_nodes:
         top.fail(f"'nodes' must be a non-empty list of nodes, got {kind(raw_nodes)}")
+    if len(raw_nodes) > MAX_NODES:
+        top.fail(f"'nodes' lists {len(raw_nodes)} nodes; a pool file holds at most {MAX_NODES}")
     nodes = tuple(_node(source, position, raw) for position, raw in enumerate(raw_nodes, start=1))
     positions: dict[str, list[int]] = {}
     for position, node in enumerate(nodes, start=1):
@@ -189,8 +193,8 @@ def _gpus(where: _Where, raw: dict[Any, Any]) -> tuple[Gpu, ...]:
     check_fields(where, spec, _GPU_FIELDS, " in gpus")
     product = _product(where, required_field(where, spec, "product", "gpus.product"))
     count = required_field(where, spec, "count", "gpus.count")
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        where.fail(f"gpus.count must be a whole number of at least 1, got {count!r}")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_GPUS_PER_NODE:
+        where.fail(f"gpus.count must be a whole number from 1 to {MAX_GPUS_PER_NODE}, got {count!r}")
     groups = _nvlink(where, spec.get("nvlink"), count)
     capability = _version(where, spec.get("compute_capability"), "compute_capability", r"\d+\.\d+", "9.0")
     driver = _version(where, spec.get("driver_version"), "driver_version", r"\d+(\.\d+)*", "550.54.15")

@@ -22,10 +22,20 @@ class Where(Protocol):
     def fail(self, what: str) -> NoReturn: ...
 
 
+MAX_FILE_BYTES = 4 * 2**20  # a pool of 10,000 nodes is about 1.5 MB; more is a mistake or an attack
+
+
 def read_text(path: str | Path, what: str, error_type: type[Exception]) -> str:
-    """The file's text; a missing, unreadable or non-UTF-8 file raises ``error_type`` naming ``what``."""
+    """The file's text; a missing, unreadable, non-UTF-8 or oversized (over :data:`MAX_FILE_BYTES`) file
+    raises ``error_type`` naming ``what``."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        with Path(path).open("rb") as file:
+            data = file.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise error_type(
+                f"{path}: the {what} is larger than {MAX_FILE_BYTES // 2**20} MiB, the most read"
+            )
+        return data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or error
         raise error_type(f"{path}: cannot read the {what}: {reason}") from None

@@ -32,12 +32,22 @@ def main(argv: list[str] | None = None) -> None:
     # Then the rest (FastAPI, SQLAlchemy, NumPy: most of a second): from here on, a request (the hub's check
     # that the service is up, a user's through the proxy) waits on the bound port instead of being refused.
     import uvicorn
+    from sqlalchemy.exc import SQLAlchemyError
 
     from ..backends.simulated import PoolFileError
     from ..files.quotas_file import QuotaFileError
     from ..pool.profiles import ProfileError
     from .assembly import assemble
+    from .store.ownership import Claim, StoreTaken
 
+    try:
+        claim = Claim(settings.store_url)  # held while the process lives: the pool has one owner
+    except StoreTaken as error:
+        raise SystemExit(f"gpupool service: {error}") from None
+    except SQLAlchemyError as error:
+        raise SystemExit(
+            f"gpupool service: cannot open the lease database (GPUPOOL_DB_URL): {error}"
+        ) from None
     try:
         service = assemble(settings)
     except (PoolFileError, ProfileError, QuotaFileError) as error:  # one clear line, not a traceback
@@ -46,6 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     # uvicorn re-raises the SIGINT it caught once it has shut down; uvicorn.run swallows it too
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(uvicorn.Server(config).serve(sockets=[listener]))
+    claim.release()
 
 
 def bind(host: str, port: int) -> socket.socket:

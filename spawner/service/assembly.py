@@ -15,7 +15,6 @@ import logging
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
@@ -41,7 +40,7 @@ from .leasing.reconcile import HubClient, reconcile_forever
 from .settings import ServiceSettings
 from .store.health_store import HealthStore
 from .store.job_store import JobStore
-from .store.lease_store import LeaseStore, sqlite_url
+from .store.lease_store import LeaseStore
 from .store.usage_store import UsageStore
 from .telemetry.telemetry_loop import Telemetry, make_sampler
 
@@ -158,7 +157,7 @@ def lease_manager(
         quotas = default_policy(pool.nodes, (p.request() for p in profiles))
         whose = f"no quotas file, so each user may hold at most {describe_quota(quotas.per_user)}"
     policy = policy_by_name(settings.policy)
-    store = LeaseStore(settings.db_url or sqlite_url(str(Path.cwd() / "gpupool.sqlite")))
+    store = LeaseStore(settings.store_url)
     manager = LeaseManager(pool.nodes, store, policy=policy, quotas=quotas)
     log.info("placement policy %s; %s", policy.name, whose)
     for lease in manager.released_at_start:

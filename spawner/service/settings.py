@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -62,9 +63,15 @@ class ServiceSettings(Application):
     ).tag(config=True, env="GPUPOOL_POLICY")
     db_url = Unicode(
         "",
-        help="The lease store as an SQLAlchemy URL, e.g. postgresql+psycopg2://gpupool@db/gpupool. "
-        "Empty: gpupool.sqlite in the working directory.",
+        help="The lease store as an SQLAlchemy URL, e.g. postgresql+psycopg://gpupool@db/gpupool (the "
+        "driver comes with pip install 'jupyterhub-gpupool[postgresql]'). Empty: gpupool.sqlite in the working "
+        "directory. One service owns a database: a second one pointed at it refuses to start.",
     ).tag(config=True, env="GPUPOOL_DB_URL")
+
+    @property
+    def store_url(self) -> str:
+        """:attr:`db_url`, or the SQLite file it defaults to."""
+        return self.db_url or f"sqlite:///{Path.cwd() / 'gpupool.sqlite'}"
 
     # ---- loops -------------------------------------------------------------------------------------------
     reconcile_seconds = Float(

@@ -49,6 +49,12 @@ _SCRIPT = (
     'echo $? >"$gpupool_dir/exit.$gpupool_attempt"\n'
 )
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+# What the script's own exit statuses mean: it could not make the job's files, or not enter the working
+# directory, as the user (the command never ran, so there is no exit file to say so).
+START_FAILURES = {
+    125: "the job could not create {job_dir} as {user}: their home must exist and be writable by them",
+    126: "the job could not enter its working directory {working_dir} as {user}",
+}
 
 
 class NoSystemAccount(LookupError):

@@ -157,7 +157,11 @@ class LocalRunner:
             )
 
     def outcome(self, job: Job) -> Outcome:
-        return Outcome(processes.exit_status(job.job_dir, job.attempts, self._uid(job.user)))
+        code = processes.exit_status(job.job_dir, job.attempts, self._uid(job.user))
+        if code is not None:
+            return Outcome(code)
+        process = self._processes.get(job.id)  # None after a restart: the run's start status is then unknown
+        return Outcome(None, reason=_why_no_status(job, process.poll() if process is not None else None))
 
     def finish(self, job: Job) -> None:
         process = self._processes.pop(job.id, None)
@@ -178,3 +182,16 @@ class LocalRunner:
         with contextlib.suppress(processes.NoSystemAccount):
             return self.identity(user).uid
         return None
+
+
+def _why_no_status(job: Job, returncode: int | None) -> str | None:
+    """Why a run this service started left no exit status, from the status of its start script
+    (:data:`.processes.START_FAILURES`) or the signal that ended it; None when that is unknown."""
+    if returncode is None:
+        return None
+    if returncode < 0:
+        with contextlib.suppress(ValueError):  # a real-time signal has no name of its own
+            return f"the run was killed by {signal.Signals(-returncode).name} before its command could finish"
+        return f"the run was killed by signal {-returncode} before its command could finish"
+    why = processes.START_FAILURES.get(returncode)
+    return why.format(user=job.user, job_dir=job.job_dir, working_dir=job.working_dir) if why else None
