@@ -6,6 +6,10 @@ second service that finds the old one holding the port. Linux can tell a process
 (``prctl(PR_SET_PDEATHSIG)``); the setting survives ``exec``, so ``python -m gpupool.spawner.orphans
 COMMAND…`` gives it to any program (the culler), and :func:`end_with_parent` to a Python one (the service).
 Elsewhere than Linux both do nothing.
+
+A parent that dies before its child asks for the signal sends none; the child then sees another parent
+(``getppid``). It can tell only if it knows whom to expect, since by then ``getppid`` already names the new
+one: the hub's configuration passes its own pid in :data:`PARENT_ENV` (:func:`parent_environment`).
 """
 
 from __future__ import annotations
@@ -16,13 +20,20 @@ import signal
 import sys
 
 _PR_SET_PDEATHSIG = 1
+PARENT_ENV = "GPUPOOL_PARENT_PID"
+
+
+def parent_environment() -> dict[str, str]:
+    """What the hub puts in the environment of a process it starts, so that process knows its parent."""
+    return {PARENT_ENV: str(os.getpid())}
 
 
 def end_with_parent(sig: signal.Signals = signal.SIGTERM) -> None:
     """Have ``sig`` sent to this process when its parent dies; exit now if the parent is already gone."""
     if not sys.platform.startswith("linux"):
         return
-    parent = os.getppid()
+    expected = os.environ.pop(PARENT_ENV, "")
+    parent = int(expected) if expected.isdigit() else os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         return  # not allowed here: run on, as before

@@ -75,7 +75,7 @@ def test_every_gpupool_variable_the_service_reads_is_a_documented_setting() -> N
     service = Path(__file__).parent.parent / "spawner" / "service"
     mentioned = {
         name
-        for path in service.glob("*.py")
+        for path in service.rglob("*.py")
         for name in re.findall(r"GPUPOOL_[A-Z_]+", path.read_text())
         if not name.startswith(
             ("GPUPOOL_JOB_ID", "GPUPOOL_LEASE", "GPUPOOL_CHECKPOINT", "GPUPOOL_JOB_ATTEMPT")

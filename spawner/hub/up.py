@@ -192,7 +192,7 @@ def services(settings: UpSettings) -> list[dict[str, object]]:
             "name": SERVICE,
             "url": f"http://127.0.0.1:{settings.service_port}",
             "command": [sys.executable, "-m", "gpupool.spawner.service"],
-            "environment": service_environment(settings),
+            "environment": service_environment(settings) | orphans.parent_environment(),
             "cwd": str(settings.state),
             # its pages let logged-in users in through the hub's OAuth without a confirmation page; admins'
             # logins carry the admin scope (JupyterHub drops it for everyone else)
@@ -206,7 +206,7 @@ def services(settings: UpSettings) -> list[dict[str, object]]:
             "name": CULLER,
             "command": culler_command(),
             # the cull arbiter asks the service about GPU activity and records its warnings there
-            "environment": {"GPUPOOL_SERVICE_URL": settings.service_url},
+            "environment": {"GPUPOOL_SERVICE_URL": settings.service_url, **orphans.parent_environment()},
         },
         {"name": SPAWNER_CLIENT, "api_token": spawner_token(settings.state)},
     ]

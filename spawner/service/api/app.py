@@ -37,6 +37,13 @@ from .models import Problem
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": Problem} for code in (400, 401, 403, 404, 409)}
 
 
+# The API's routes, under api/v1: what its OpenAPI document describes.
+API_ROUTERS = tuple(
+    module.router
+    for module in (lease_routes, job_routes, health_routes, idle_routes, usage_routes, telemetry_routes)
+)
+
+
 def create_app(parts: ServiceParts) -> FastAPI:
     """The service's app over ``parts``: every route under ``parts.prefix``, the API under ``api/v1``."""
     base = parts.api_base
@@ -52,8 +59,8 @@ def create_app(parts: ServiceParts) -> FastAPI:
     app.add_middleware(_BodyLimit)
     _problem_handlers(app)
     job_routes.add_job_error_handlers(app)
-    for routes in (lease_routes, job_routes, health_routes, idle_routes, usage_routes, telemetry_routes):
-        app.include_router(routes.router, prefix=base, responses=_ERRORS)
+    for router in API_ROUTERS:
+        app.include_router(router, prefix=base, responses=_ERRORS)
     app.include_router(telemetry_routes.metrics_router, prefix=parts.prefix.rstrip("/"))
     app.include_router(pages.router, prefix=parts.prefix.rstrip("/"))
     if parts.login is not None:
