@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from gpupool.spawner.hub.up import CULLER_SCOPES, culler_command, read_or_create_secret, templates
+from gpupool.spawner.orphans import parent_environment
 
 c = get_config()  # type: ignore[name-defined]  # noqa: F821  (JupyterHub provides it)
 
@@ -76,6 +77,7 @@ c.JupyterHub.services = [
             "GPUPOOL_STOP_UNLEASED": "1",  # stop a server holding no lease, confirmed by two passes a minute apart
             # EDIT for PostgreSQL, e.g. "postgresql+psycopg://gpupool@db.example.org/gpupool"
             "GPUPOOL_DB_URL": f"sqlite:///{STATE / 'gpupool.sqlite'}",
+            **parent_environment(),  # a hub killed with -9 takes the service along, even mid-start
         },
         "cwd": str(STATE),
         # its pages (dashboard, cull warnings on the hub's home page) let logged-in users in through the
@@ -96,6 +98,7 @@ c.JupyterHub.services = [
         "environment": {
             "GPUPOOL_SERVICE_URL": "http://127.0.0.1:10101/services/gpupool/",
             "GPUPOOL_CULL_WARNING_SECONDS": "900",  # EDIT: how long ahead users are warned
+            **parent_environment(),
         },
     },
     {"name": "gpupool-hub", "api_token": SPAWNER_TOKEN},  # the spawners' identity towards the service

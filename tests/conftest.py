@@ -77,7 +77,16 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The control plane, once started, runs until the session ends. In one process its tests run last, so it
-    # takes no CPU from the timing-sensitive tests (telemetry from real CPU load) that would follow; with
-    # workers they go first, so their worker is not left running them alone at the end.
-    with_workers = "PYTEST_XDIST_WORKER" in os.environ
-    items.sort(key=lambda item: (item.get_closest_marker("kube") is not None) != with_workers)
+    # takes no CPU from the timing-sensitive tests (telemetry from real CPU load) that would follow. With
+    # workers the long groups go first (the control plane's, then those that start processes or a browser)
+    # and the quick modules fill in behind them, so the two workers finish together.
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        items.sort(key=lambda item: item.get_closest_marker("kube") is not None)
+        return
+
+    def weight(item: pytest.Item) -> int:
+        if item.get_closest_marker("kube"):
+            return 0
+        return 1 if item.get_closest_marker("e2e") or item.get_closest_marker("browser") else 2
+
+    items.sort(key=weight)

@@ -23,6 +23,8 @@ import httpx
 from polling import pauses
 from ports import free_port
 
+from gpupool.spawner.orphans import PARENT_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 CHP_BIN = ROOT / ".node" / "node_modules" / ".bin"
 SINGLEUSER = Path(sys.executable).parent / "jupyterhub-singleuser"
@@ -343,9 +345,11 @@ class RunningHub:
         if self._service_environ is None:
             self.fail("start_service: no killed service to start again (call kill_service first)")
         with (self.tmp / "service-by-hand.log").open("ab") as log:
+            # started by hand, it is not the hub's child: without the hub's pid it does not look for it
+            by_hand = {k: v for k, v in self._service_environ.items() if k != PARENT_ENV}
             process = subprocess.Popen(
                 service_command(),
-                env=self._service_environ,
+                env=by_hand,
                 cwd=self.tmp,
                 stdout=log,
                 stderr=subprocess.STDOUT,

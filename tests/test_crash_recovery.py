@@ -15,6 +15,7 @@ device free, and every single-user process runs on the active lease of its own s
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from hub_harness import environ_of
+from job_user import clean_home, job_user
 from test_local_spawner import (
     HUB_CLIENT_TOKEN,
     Hub,
@@ -41,17 +43,21 @@ from test_reconcile import SERVICE_ROLE
 from gpupool.spawner.service.leasing.reconcile import SERVER_GONE
 
 USERS = ("alice", "bob", "carol", "dave")
+JOBS_USER = job_user()  # a system account (jobs never run as root): its jobs run on this hub's pool
 _probes = itertools.count()
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    yield from spawner_hub(
+    for hub in spawner_hub(
         tmp_path_factory.mktemp("crash-hub"),
-        USERS,
+        (*USERS, JOBS_USER),
         service_env={"GPUPOOL_RECONCILE_SECONDS": "1"},
         extra_config=[SERVICE_ROLE],
-    )
+    ):
+        hub.token_for(JOBS_USER)
+        yield hub
+    clean_home(JOBS_USER)
 
 
 @pytest.fixture(scope="module")
@@ -124,14 +130,15 @@ def _singleuser_leases(hub: Hub) -> dict[int, str]:
 
 
 def _check_pool(hub: Hub, admin: httpx.Client, all_devices: set[str]) -> dict[str, dict[str, Any]]:
-    """Assert the invariant (see the module's description); return the active leases by user."""
+    """Assert the invariant (see the module's description); return the active server leases by user."""
     servers = {user: _settled(hub, admin, user) for user in USERS}
     held = {user: s["state"].get("gpupool_lease_id") for user, s in servers.items() if s is not None}
-    active = _active(hub, admin)
+    everything, jobs = _job_leases(hub, admin)
+    active = [lease for lease in everything if lease["owner_kind"] == "server"]
     owners = sorted((lease["user"], lease["owner_name"]) for lease in active)
     assert sorted(lease["id"] for lease in active) == sorted(held.values()), (active, held)
     assert owners == sorted((user, "") for user in held), "a server holds two leases, or none"
-    uuids = [device["uuid"] for lease in active for device in lease["devices"]]
+    uuids = [device["uuid"] for lease in active + jobs for device in lease["devices"]]
     assert len(uuids) == len(set(uuids)), f"a device is in two leases: {active}"
     assert _free_devices(hub, admin) == all_devices - set(uuids)
     processes = _singleuser_leases(hub)
@@ -140,6 +147,66 @@ def _check_pool(hub: Hub, admin: httpx.Client, all_devices: set[str]) -> dict[st
     )
     assert sorted(processes) == sorted(int(s["state"]["pid"]) for s in servers.values() if s is not None)
     return {lease["user"]: lease for lease in active}
+
+
+def _job_leases(hub: Hub, admin: httpx.Client) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every active lease, and the job leases among them, asserting that each job lease belongs to one live
+    job and that a running job's processes see exactly its lease's devices. A job may end between the two
+    reads (its lease and its state): the reads are repeated until they agree, or the last pair is judged."""
+    for _ in range(10):
+        everything = _active(hub, admin)
+        live = {
+            job["id"]: job
+            for job in admin.get(f"{hub.service_api}/jobs").json()
+            if job["state"] in ("queued", "running", "requeued") and job["lease_id"]
+        }
+        leases = [lease for lease in everything if lease["owner_kind"] == "job"]
+        if sorted(lease["owner_name"] for lease in leases) == sorted(live):
+            break
+        time.sleep(0.3)
+    assert sorted(lease["owner_name"] for lease in leases) == sorted(live), (leases, live)
+    for lease in leases:
+        job = live[lease["owner_name"]]
+        seen = _job_devices(job["id"])
+        if job["state"] == "running" and seen:
+            assert seen == {lease["visible_devices"]}, f"job {job['id']} runs on {seen}, leased {lease}"
+    return everything, leases
+
+
+def _job_devices(job_id: str) -> set[str]:
+    """``CUDA_VISIBLE_DEVICES`` of every live process of ``job_id`` (found by its ``GPUPOOL_JOB_ID``)."""
+    seen = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                env = environ_of(int(proc.name))
+                if env.get("GPUPOOL_JOB_ID") == job_id:
+                    seen.add(env.get("CUDA_VISIBLE_DEVICES", ""))
+    return seen
+
+
+def _crash(hub: Hub, victim: str) -> None:
+    """``kill -9`` the hub, the service or both, and bring back what died as an operator would."""
+    if victim in ("service", "both"):
+        hub.kill_service()
+    if victim in ("hub", "both"):
+        hub.crash()
+        hub.restart()  # with a new managed service, the old one gone with the hub
+    else:
+        hub.start_service()
+
+
+def _job(hub: Hub, script: str) -> dict[str, Any]:
+    with hub.as_user(JOBS_USER) as me:
+        answer = me.post("/jobs", json={"command": ["sh", "-c", script], "profile": "mig-3g"})
+    assert answer.status_code == 201, answer.text
+    job: dict[str, Any] = answer.json()
+    return job
+
+
+def _job_now(hub: Hub, admin: httpx.Client, job_id: str) -> dict[str, Any]:
+    job: dict[str, Any] = admin.get(f"{hub.service_api}/jobs/{job_id}").json()
+    return job
 
 
 def _queued(hub: Hub, admin: httpx.Client, user: str) -> dict[str, Any]:
@@ -265,3 +332,52 @@ def test_a_spawn_started_while_the_service_is_down_waits_for_it(hub: Hub, all_de
         assert set(_check_pool(hub, admin, all_devices)) == {"alice"}
         _stop(hub, admin, "alice")
         assert _check_pool(hub, admin, all_devices) == {}
+
+
+# ---- the kill -9 matrix: the hub, the service or both, as a server stops and as a job starts or ends ------
+
+
+@pytest.mark.parametrize("victim", ["hub", "service", "both"])
+def test_a_crash_while_a_server_stops_leaves_no_lease_behind_it(
+    hub: Hub, all_devices: set[str], victim: str
+) -> None:
+    with hub.admin() as admin:
+        _start(hub, admin, "bob", "h100")
+        _wait_ready(hub, admin, "bob")
+        assert admin.delete(f"{hub.hub_api}/users/bob/server").status_code in (202, 204)  # the stop begins
+        _crash(hub, victim)
+        _reconciled(hub, admin)
+        if _settled(hub, admin, "bob") is not None:  # the hub died before the stop took: it runs on, leased
+            assert set(_check_pool(hub, admin, all_devices)) == {"bob"}
+            _stop(hub, admin, "bob")
+        assert _check_pool(hub, admin, all_devices) == {}
+        assert _free_devices(hub, admin) == all_devices
+
+
+@pytest.mark.parametrize("victim", ["hub", "service", "both"])
+@pytest.mark.parametrize("moment", ["job start", "job end"])
+def test_a_crash_as_a_job_starts_or_ends_runs_it_once_on_its_lease(
+    hub: Hub, all_devices: set[str], victim: str, moment: str
+) -> None:
+    with hub.admin() as admin:
+        job = _job(hub, "sleep 1.5; echo done")
+        if moment == "job end":
+            _wait_for(
+                lambda: _job_now(hub, admin, job["id"])["state"] == "running", "the job to run", hub.log
+            )
+            time.sleep(1.2)  # the crash lands as the command ends
+        _crash(hub, victim)
+        _check_pool(hub, admin, all_devices)  # the job's lease once, on the devices its processes see
+        _wait_for(
+            lambda: _job_now(hub, admin, job["id"])["state"] == "succeeded",
+            "the job to succeed",
+            hub.log,
+            timeout=40,
+        )
+        done = _job_now(hub, admin, job["id"])
+        assert done["attempts"] == 1, done["history"]  # found again after the crash, never started twice
+        with hub.as_user(JOBS_USER) as me:
+            assert me.get(f"/jobs/{job['id']}/logs").text == "done\n"
+        _reconciled(hub, admin)
+        assert _check_pool(hub, admin, all_devices) == {}
+        assert _free_devices(hub, admin) == all_devices
