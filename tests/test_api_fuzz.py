@@ -25,7 +25,7 @@ from token_hub import token_hub
 
 from gpupool.spawner.service.api.app import API_ROUTERS
 
-EXAMPLES = 20
+EXAMPLES = 10
 TOKENS = ("alice-token", "admin-token")  # a user and an administrator
 CHECKS = [
     not_a_server_error,

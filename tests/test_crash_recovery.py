@@ -334,50 +334,39 @@ def test_a_spawn_started_while_the_service_is_down_waits_for_it(hub: Hub, all_de
         assert _check_pool(hub, admin, all_devices) == {}
 
 
-# ---- the kill -9 matrix: the hub, the service or both, as a server stops and as a job starts or ends ------
+# ---- the kill -9 matrix: the hub, the service or both, each killed once while a server stops, a job starts
+# and another job ends; everything is checked after the restart ---------------------------------------------
 
 
 @pytest.mark.parametrize("victim", ["hub", "service", "both"])
-def test_a_crash_while_a_server_stops_leaves_no_lease_behind_it(
+def test_a_crash_as_a_server_stops_and_jobs_start_and_end_loses_and_doubles_nothing(
     hub: Hub, all_devices: set[str], victim: str
 ) -> None:
     with hub.admin() as admin:
         _start(hub, admin, "bob", "h100")
         _wait_ready(hub, admin, "bob")
-        assert admin.delete(f"{hub.hub_api}/users/bob/server").status_code in (202, 204)  # the stop begins
+        ending = _job(hub, "sleep 1.5; echo done")
+        _wait_for(lambda: _job_now(hub, admin, ending["id"])["state"] == "running", "the job to run", hub.log)
+        time.sleep(1.2)  # the crash lands as its command ends
+        assert admin.delete(f"{hub.hub_api}/users/bob/server").status_code in (202, 204)  # a stop begins
+        starting = _job(hub, "sleep 1.5; echo done")  # and a job is about to start
         _crash(hub, victim)
+
+        _check_pool(hub, admin, all_devices)  # each job's lease once, on the devices its processes see
+        for job in (ending, starting):
+            _wait_for(
+                lambda job=job: _job_now(hub, admin, job["id"])["state"] == "succeeded",
+                f"job {job['id']} to succeed",
+                hub.log,
+                timeout=40,
+            )
+            done = _job_now(hub, admin, job["id"])
+            assert done["attempts"] == 1, done["history"]  # found again after the crash, never run twice
+            with hub.as_user(JOBS_USER) as me:
+                assert me.get(f"/jobs/{job['id']}/logs").text == "done\n"
         _reconciled(hub, admin)
         if _settled(hub, admin, "bob") is not None:  # the hub died before the stop took: it runs on, leased
             assert set(_check_pool(hub, admin, all_devices)) == {"bob"}
             _stop(hub, admin, "bob")
-        assert _check_pool(hub, admin, all_devices) == {}
-        assert _free_devices(hub, admin) == all_devices
-
-
-@pytest.mark.parametrize("victim", ["hub", "service", "both"])
-@pytest.mark.parametrize("moment", ["job start", "job end"])
-def test_a_crash_as_a_job_starts_or_ends_runs_it_once_on_its_lease(
-    hub: Hub, all_devices: set[str], victim: str, moment: str
-) -> None:
-    with hub.admin() as admin:
-        job = _job(hub, "sleep 1.5; echo done")
-        if moment == "job end":
-            _wait_for(
-                lambda: _job_now(hub, admin, job["id"])["state"] == "running", "the job to run", hub.log
-            )
-            time.sleep(1.2)  # the crash lands as the command ends
-        _crash(hub, victim)
-        _check_pool(hub, admin, all_devices)  # the job's lease once, on the devices its processes see
-        _wait_for(
-            lambda: _job_now(hub, admin, job["id"])["state"] == "succeeded",
-            "the job to succeed",
-            hub.log,
-            timeout=40,
-        )
-        done = _job_now(hub, admin, job["id"])
-        assert done["attempts"] == 1, done["history"]  # found again after the crash, never started twice
-        with hub.as_user(JOBS_USER) as me:
-            assert me.get(f"/jobs/{job['id']}/logs").text == "done\n"
-        _reconciled(hub, admin)
         assert _check_pool(hub, admin, all_devices) == {}
         assert _free_devices(hub, admin) == all_devices

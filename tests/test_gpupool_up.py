@@ -33,7 +33,7 @@ from up_harness import (
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
 from gpupool.spawner.hub.spawner import LocalGPUSpawner, SimpleLocalGPUSpawner
-from gpupool.spawner.hub.up import ENV, demo_password, embedded_config, prepare
+from gpupool.spawner.hub.up import ENV, demo_password, embedded_config, prepare, spawner_token
 from gpupool.widgets import Connection
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,8 +134,12 @@ def test_a_restart_keeps_the_password_and_both_databases(start: tuple[Path, int]
             token = api_token(client)
         headers = {"Authorization": f"token {token}"}
         api = f"{first.url}/services/gpupool/api/v1"
-        with httpx.Client(base_url=f"{first.url}/hub/api", headers=headers, timeout=30) as hub:
-            lease_id = _start_demo_server(first, hub)["state"]["gpupool_lease_id"]
+        # a lease as the spawners make one, with their token from the state folder
+        spawner = {"Authorization": f"token {spawner_token(state)}"}
+        body = {"profile": "mig-3g", "owner_kind": "server", "owner_name": "", "user": "demo"}
+        lease = httpx.post(f"{api}/leases", json=body, headers=spawner, timeout=10)
+        assert lease.status_code == 201, lease.text
+        lease_id = lease.json()["id"]
     finally:
         first.stop()
     assert (state / "jupyterhub.sqlite").is_file() and (state / "gpupool.sqlite").is_file()
