@@ -65,8 +65,9 @@ c.JupyterHub.custom_scopes = {
 c.JupyterHub.template_paths = [str(templates())]  # the home page shows a user's pending cull warnings
 c.JupyterHub.services = [
     {
-        # The only owner of the pool. Without GPUPOOL_POOL it reads this host's GPUs through NVML (with no
-        # driver it falls back to a simulated demo pool and says so in its log: check it after an upgrade).
+        # The only owner of the pool. Without GPUPOOL_POOL it reads this host's GPUs through NVML; with no
+        # driver or no GPUs it stops, naming NVML's error (GPUPOOL_SIMULATED_FALLBACK=1 serves the simulated
+        # demo pool instead, for a trial; never on a hub users rely on).
         "name": "gpupool",
         "url": "http://127.0.0.1:10101",
         "command": [sys.executable, "-m", "gpupool.spawner.service"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 from ..pool.devices import Node
 from .nvml import NvmlUnavailable, discover_node
@@ -17,16 +18,30 @@ class DiscoveredPool:
     note: str = ""  # said once to the admin, e.g. why the demo pool is used
 
 
-def discover_pool(pool_file: str | None = None) -> DiscoveredPool:
-    """The pool file when given; else this host's GPUs; else, with no NVIDIA driver, the simulated demo pool."""
+class NoRealGpus(RuntimeError):
+    """NVML found no driver or no GPUs, and the admin did not ask for a simulated pool."""
+
+
+def discover_pool(
+    pool_file: str | None = None, *, simulated_fallback: bool = True, nvml: ModuleType | None = None
+) -> DiscoveredPool:
+    """The pool file when given; else this host's GPUs through NVML (``nvml``: pynvml, imported if None).
+    With no NVIDIA driver or no GPUs: the simulated demo pool when ``simulated_fallback``, else
+    :class:`NoRealGpus` naming NVML's error, so a production hub never serves made-up GPUs."""
     if pool_file is not None:
         return DiscoveredPool(load_pool_file(pool_file), "simulated", pool_file)
     try:
-        node = discover_node()
+        node = discover_node(nvml=nvml)
+        problem = "" if node.gpus else "NVML found no GPUs on this host"
     except NvmlUnavailable as error:
-        note = f"{error}; showing the simulated demo pool instead."
-        return DiscoveredPool(load_pool_file(DEMO_POOL), "simulated", str(DEMO_POOL), note)
-    if not node.gpus:
-        note = "NVML found no GPUs on this host. Showing the simulated demo pool instead."
-        return DiscoveredPool(load_pool_file(DEMO_POOL), "simulated", str(DEMO_POOL), note)
-    return DiscoveredPool((node,), "nvml", "NVML on this host")
+        problem = str(error).rstrip(".")
+    if not problem:
+        return DiscoveredPool((node,), "nvml", "NVML on this host")
+    if not simulated_fallback:
+        raise NoRealGpus(
+            f"{problem}. No real GPUs, so the service stops rather than serve made-up ones; to run on a "
+            "simulated pool on purpose, set GPUPOOL_POOL to a pool file (hub_config/pools/demo.yaml) or "
+            "GPUPOOL_SIMULATED_FALLBACK=1"
+        )
+    note = f"{problem}; showing the simulated demo pool instead."
+    return DiscoveredPool(load_pool_file(DEMO_POOL), "simulated", str(DEMO_POOL), note)

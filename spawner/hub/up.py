@@ -166,6 +166,8 @@ def service_environment(settings: UpSettings) -> dict[str, str]:
         "GPUPOOL_QUOTAS": os.environ.get("GPUPOOL_QUOTAS") or str(EXAMPLE_QUOTAS),
         # a server on GPU devices nobody leased to it is stopped once two passes in a row confirm it
         "GPUPOOL_STOP_UNLEASED": "1",
+        # the demo hub: without GPUs it runs on the simulated demo pool, and says so everywhere
+        "GPUPOOL_SIMULATED_FALLBACK": "1",
         # jobs find the same homes as the servers (SimpleLocalGPUSpawner.home_root in embedded.py); used when
         # the hub does not run as root, as on a workstation, and jobs then run as its account too
         "GPUPOOL_JOB_HOME_ROOT": str(settings.state / "homes"),

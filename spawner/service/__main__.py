@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
     from sqlalchemy.exc import SQLAlchemyError
 
+    from ..backends.discovery import NoRealGpus
     from ..backends.simulated import PoolFileError
     from ..files.quotas_file import QuotaFileError
     from ..pool.profiles import ProfileError
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         ) from None
     try:
         service = assemble(settings)
-    except (PoolFileError, ProfileError, QuotaFileError) as error:  # one clear line, not a traceback
+    except (PoolFileError, ProfileError, QuotaFileError, NoRealGpus) as error:  # one clear line, no traceback
         raise SystemExit(f"gpupool service: {error}") from None
     config = uvicorn.Config(service.app, log_level="info", access_log=False)
     # uvicorn re-raises the SIGINT it caught once it has shut down; uvicorn.run swallows it too

@@ -124,7 +124,7 @@ def assemble(settings: ServiceSettings) -> Service:
         )
         pool = DiscoveredPool(kube.nodes, "kubernetes", kube.source)
     else:
-        pool = discover_pool(settings.pool_file or None)
+        pool = discover_pool(settings.pool_file or None, simulated_fallback=settings.simulated_fallback)
     if pool.note:
         log.warning("%s", pool.note)
     log.info("pool from %s (%s): %d nodes", pool.source, pool.backend, len(pool.nodes))

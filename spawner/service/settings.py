@@ -45,9 +45,9 @@ class ServiceSettings(Application):
     # ---- the pool ----------------------------------------------------------------------------------------
     backend = Unicode(
         "local",
-        help="Where the pool comes from: `local` (a pool file, else this host's GPUs through NVML, else the "
-        "demo pool) or `kubernetes` (the cluster's nodes and pods, through `kubeconfig` or the pod's "
-        "service account).",
+        help="Where the pool comes from: `local` (a pool file, else this host's GPUs through NVML, else a "
+        "refusal to start, or the demo pool with `simulated_fallback`) or `kubernetes` (the cluster's nodes "
+        "and pods, through `kubeconfig` or the pod's service account).",
     ).tag(config=True, env="GPUPOOL_BACKEND")
     pool_file = Unicode(
         "", help="A pool file (the simulated backend), e.g. hub_config/pools/demo.yaml. Empty: discover."
@@ -55,8 +55,16 @@ class ServiceSettings(Application):
     profiles_file = Unicode(
         str(EXAMPLE_PROFILES), help="The profiles file; the default is the shipped example."
     ).tag(config=True, env="GPUPOOL_PROFILES")
+    simulated_fallback = Bool(
+        False,
+        help="Without an NVIDIA driver or GPUs (and no pool file), serve the simulated demo pool, labelled "
+        "simulated, instead of stopping at start with NVML's error. gpupool up sets it; a production hub "
+        "should not.",
+    ).tag(config=True, env="GPUPOOL_SIMULATED_FALLBACK")
     quotas_file = Unicode(
-        "", help="A quotas file, e.g. hub_config/quotas.yaml. Empty: nobody is limited."
+        "",
+        help="A quotas file, e.g. hub_config/quotas.yaml. Empty: each user may hold half the pool's CPUs, "
+        "memory and whole or shared GPUs (or what the largest profile asks, if more).",
     ).tag(config=True, env="GPUPOOL_QUOTAS")
     policy = Unicode(
         "gpupool", help="The placement policy by name: gpupool, fgd, best-fit, first-fit, spread or random."
