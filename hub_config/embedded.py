@@ -51,6 +51,9 @@ c.LocalGPUSpawner.service_api_token = up.spawner_token(state)
 if os.environ.get("GPUPOOL_PROFILES"):
     c.LocalGPUSpawner.profiles_file = os.environ["GPUPOOL_PROFILES"]
 c.Spawner.default_url = "/lab"
+# A queued spawn waits for its devices up to this long (JupyterHub's own 60 s gave up on a queue of one);
+# the progress page says its place in the queue meanwhile.
+c.Spawner.start_timeout = 600
 # The single-user server from the same environment as the hub, whether or not that environment is on PATH.
 c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
 if os.geteuid() == 0:

@@ -235,6 +235,7 @@ def test_the_embedded_config_loads_and_names_only_real_options(
     assert config.SharedPasswordAuthenticator.admin_password == demo_password(tmp_path / "state")
     (service,) = (s for s in config.JupyterHub.services if s["name"] == "gpupool")
     assert service["environment"]["GPUPOOL_POOL"] == str(DEMO_POOL.resolve())
+    assert config.Spawner.start_timeout == 600  # a queue of one once gave up after JupyterHub's 60 s
 
 
 def test_the_state_folder_is_closed_to_other_accounts_even_one_made_before(tmp_path: Path) -> None:
