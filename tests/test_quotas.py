@@ -45,19 +45,28 @@ def test_a_user_under_every_limit_is_let_through() -> None:
 def test_a_user_over_the_whole_gpu_quota_is_told_which_limit_and_the_numbers() -> None:
     refusal = HOUSE.check("alice", [], whole(1), [whole(2)])
     assert isinstance(refusal, QuotaExceeded)
-    assert str(refusal) == "alice's quota allows 2 whole GPUs at once; 2 are held and 1 more was asked for"
+    assert (
+        str(refusal)
+        == "alice's quota allows 2 whole GPUs at once; 2 are held or queued and 1 more was asked for"
+    )
     assert refusal.limit == Limit("whole_gpus", "user", "alice", 2)
     assert (refusal.held, refusal.asked) == (2, 1)
 
 
 def test_a_user_over_the_mig_quota_is_told_which_limit() -> None:
     refusal = HOUSE.check("alice", [], mig(), [mig(), mig("3g.40gb"), mig(), mig()])
-    assert str(refusal) == "alice's quota allows 4 MIG slices at once; 4 are held and 1 more was asked for"
+    assert (
+        str(refusal)
+        == "alice's quota allows 4 MIG slices at once; 4 are held or queued and 1 more was asked for"
+    )
 
 
 def test_one_request_bigger_than_the_limit_is_refused_with_nothing_held() -> None:
     refusal = HOUSE.check("alice", [], whole(3), [])
-    assert str(refusal) == "alice's quota allows 2 whole GPUs at once; 0 are held and 3 more were asked for"
+    assert (
+        str(refusal)
+        == "alice's quota allows 2 whole GPUs at once; 0 are held or queued and 3 more were asked for"
+    )
 
 
 def test_a_zero_limit_reads_as_none_allowed() -> None:
@@ -74,7 +83,7 @@ def test_a_group_limit_names_the_group_and_applies_to_each_member() -> None:
     policy = QuotaPolicy(per_group={"students": Quota(mig_slices=4)})
     refusal = policy.check("carol", ["students"], mig(), [mig()] * 4)
     assert str(refusal) == (
-        "members of group students may each hold 4 MIG slices at once; 4 are held and 1 more was asked for"
+        "members of group students may each hold 4 MIG slices at once; 4 are held or queued and 1 more was asked for"
     )
     assert policy.check("dave", ["students"], mig(), [mig()] * 3) is None
 
@@ -120,14 +129,14 @@ def test_gpu_milli_bounds_whole_gpus_and_shares_together() -> None:
     assert policy.check("max", [], share(500), [whole(1)]) is None
     refusal = policy.check("max", [], share(750), [whole(1)])
     assert str(refusal) == (
-        "max's quota allows 1.5 GPUs of whole GPUs and shares at once; 1 is held and 0.75 more were asked for"
+        "max's quota allows 1.5 GPUs of whole GPUs and shares at once; 1 is held or queued and 0.75 more were asked for"
     )
 
 
 def test_a_share_count_limit_counts_shares_not_their_size() -> None:
     policy = QuotaPolicy(per_user=Quota(gpu_shares=1))
     assert str(policy.check("ned", [], share(100), [share(100)])).startswith(
-        "ned's quota allows 1 GPU share at once; 1 is held and 1 more was asked for"
+        "ned's quota allows 1 GPU share at once; 1 is held or queued and 1 more was asked for"
     )
 
 
@@ -159,10 +168,13 @@ def test_cpu_only_leases_count_against_the_cpu_and_memory_quota() -> None:
     cpus = QuotaPolicy(per_user=Quota(cpu_milli=4000))
     assert cpus.check("eve", [], CPU_ONLY, [CPU_ONLY]) is None
     refusal = cpus.check("eve", [], CPU_ONLY, [CPU_ONLY, CPU_ONLY])
-    assert str(refusal) == "eve's quota allows 4 CPUs at once; 4 are held and 2 more were asked for"
+    assert str(refusal) == "eve's quota allows 4 CPUs at once; 4 are held or queued and 2 more were asked for"
     memory = QuotaPolicy(per_user=Quota(memory_mib=12288))
     refusal = memory.check("eve", [], whole(1), [CPU_ONLY])
-    assert str(refusal) == "eve's quota allows 12 GiB of memory at once; 8 are held and 8 more were asked for"
+    assert (
+        str(refusal)
+        == "eve's quota allows 12 GiB of memory at once; 8 are held or queued and 8 more were asked for"
+    )
 
 
 NODES = [
@@ -181,7 +193,9 @@ def test_without_a_quotas_file_each_user_may_hold_half_the_pool() -> None:
     assert policy.per_user == Quota(gpu_milli=2000, cpu_milli=40000, memory_mib=320 * 1024)
     assert describe_quota(policy.per_user) == "2 GPUs of whole GPUs and shares, 40 CPUs, 320 GiB of memory"
     refusal = policy.check("eve", [], CPU_ONLY, [CPU_ONLY] * 20)
-    assert str(refusal) == "eve's quota allows 40 CPUs at once; 40 are held and 2 more were asked for"
+    assert (
+        str(refusal) == "eve's quota allows 40 CPUs at once; 40 are held or queued and 2 more were asked for"
+    )
 
 
 def test_the_default_quota_still_lets_the_largest_profile_start() -> None:

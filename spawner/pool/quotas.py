@@ -212,4 +212,6 @@ def _message(limit: Limit, held: int, asked: int) -> str:
         who = f"members of group {limit.subject} may each hold {allowed} at once"
     is_held = "is" if held == resource.scale else "are"
     was_asked = "was" if asked == resource.scale else "were"
-    return f"{who}; {amount(held)} {is_held} held and {amount(asked)} more {was_asked} asked for"
+    # a queued lease counts as held: it is granted the moment devices free up ("4 are held" read wrong
+    # when all 4 were jobs still waiting)
+    return f"{who}; {amount(held)} {is_held} held or queued and {amount(asked)} more {was_asked} asked for"
