@@ -15,7 +15,6 @@ device free, and every single-user process runs on the active lease of its own s
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ import httpx
 import pytest
 from hub_harness import environ_of
 from job_user import clean_home, job_user
+from polling import pauses
 from test_local_spawner import (
     HUB_CLIENT_TOKEN,
     Hub,
@@ -112,21 +112,26 @@ def _reconciled(hub: Hub, admin: httpx.Client) -> None:
     assert _lease(hub, admin, probe)["release_reason"] == SERVER_GONE
 
 
-def _singleuser_leases(hub: Hub) -> dict[int, str]:
-    """``{pid: GPUPOOL_LEASE_ID}`` of every single-user server process of this hub, known to it or not."""
-    found = {}
+def _environments(command: bytes = b"") -> Iterator[tuple[int, dict[str, str]]]:
+    """``(pid, environment)`` of every live process whose command line holds ``command``."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            if b"jupyterhub-singleuser" not in (proc / "cmdline").read_bytes():
+            if command not in (proc / "cmdline").read_bytes():
                 continue
-            env = environ_of(int(proc.name))
+            yield int(proc.name), environ_of(int(proc.name))
         except OSError:
             continue
-        if env.get("HOME", "").startswith(f"{hub.tmp}/homes/"):
-            found[int(proc.name)] = env.get("GPUPOOL_LEASE_ID", "")
-    return found
+
+
+def _singleuser_leases(hub: Hub) -> dict[int, str]:
+    """``{pid: GPUPOOL_LEASE_ID}`` of every single-user server process of this hub, known to it or not."""
+    return {
+        pid: env.get("GPUPOOL_LEASE_ID", "")
+        for pid, env in _environments(b"jupyterhub-singleuser")
+        if env.get("HOME", "").startswith(f"{hub.tmp}/homes/")
+    }
 
 
 def _check_pool(hub: Hub, admin: httpx.Client, all_devices: set[str]) -> dict[str, dict[str, Any]]:
@@ -153,7 +158,7 @@ def _job_leases(hub: Hub, admin: httpx.Client) -> tuple[list[dict[str, Any]], li
     """Every active lease, and the job leases among them, asserting that each job lease belongs to one live
     job and that a running job's processes see exactly its lease's devices. A job may end between the two
     reads (its lease and its state): the reads are repeated until they agree, or the last pair is judged."""
-    for _ in range(10):
+    for _ in pauses(3.0):
         everything = _active(hub, admin)
         live = {
             job["id"]: job
@@ -163,7 +168,6 @@ def _job_leases(hub: Hub, admin: httpx.Client) -> tuple[list[dict[str, Any]], li
         leases = [lease for lease in everything if lease["owner_kind"] == "job"]
         if sorted(lease["owner_name"] for lease in leases) == sorted(live):
             break
-        time.sleep(0.3)
     assert sorted(lease["owner_name"] for lease in leases) == sorted(live), (leases, live)
     for lease in leases:
         job = live[lease["owner_name"]]
@@ -175,14 +179,11 @@ def _job_leases(hub: Hub, admin: httpx.Client) -> tuple[list[dict[str, Any]], li
 
 def _job_devices(job_id: str) -> set[str]:
     """``CUDA_VISIBLE_DEVICES`` of every live process of ``job_id`` (found by its ``GPUPOOL_JOB_ID``)."""
-    seen = set()
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            with contextlib.suppress(OSError):
-                env = environ_of(int(proc.name))
-                if env.get("GPUPOOL_JOB_ID") == job_id:
-                    seen.add(env.get("CUDA_VISIBLE_DEVICES", ""))
-    return seen
+    return {
+        env.get("CUDA_VISIBLE_DEVICES", "")
+        for _, env in _environments()
+        if env.get("GPUPOOL_JOB_ID") == job_id
+    }
 
 
 def _crash(hub: Hub, victim: str) -> None:

@@ -43,7 +43,9 @@ def test_a_job_runs_as_its_user_never_root_with_its_devices_and_checkpoint_dir_i
     started, directory = run(identity, ["sh", "-c", script], "runner-env", "GPU-a,MIG-b")
     started.process.wait(10)
     until(
-        lambda: not processes.group_alive(started.pid, started.start, f"runner-env-{RUN}"), "the group to end"
+        lambda: not processes.group_alive(started.pid, started.start, f"runner-env-{RUN}"),
+        "the group to end",
+        timeout=10,
     )
     uid, devices, cwd, checkpoints = processes.read_log(directory, identity.uid).decode().split("\n")[:4]
     assert uid == str(os.geteuid() if identity.uid is None else identity.uid) and uid != "0"
@@ -65,12 +67,15 @@ def test_a_cpu_only_job_sees_no_gpu_and_its_exit_status_is_recorded(identity: pr
 def test_sigterm_to_the_group_stops_the_command_and_its_children(identity: processes.Identity) -> None:
     started, directory = run(identity, ["sh", "-c", "sleep 30 & sleep 30; wait"], "runner-term")
     until(
-        lambda: processes.group_alive(started.pid, started.start, f"runner-term-{RUN}"), "the group to start"
+        lambda: processes.group_alive(started.pid, started.start, f"runner-term-{RUN}"),
+        "the group to start",
+        timeout=10,
     )
     assert processes.signal_group(started.pid, started.start, f"runner-term-{RUN}", signal.SIGTERM)
     until(
         lambda: not processes.group_alive(started.pid, started.start, f"runner-term-{RUN}"),
         "the whole group to end",
+        timeout=10,
     )
     started.process.wait(5)
     assert processes.exit_status(directory, 1, identity.uid) is None  # killed before it could record one
@@ -81,7 +86,7 @@ def test_a_process_with_the_same_pid_but_another_start_time_is_not_the_job(
 ) -> None:
     started, _ = run(identity, ["sleep", "30"], "runner-identity")
     try:
-        until(lambda: processes.start_time(started.pid) is not None, "the job to start")
+        until(lambda: processes.start_time(started.pid) is not None, "the job to start", timeout=10)
         assert processes.group_alive(started.pid, started.start, f"runner-identity-{RUN}")
         assert not processes.group_alive(started.pid, started.start + 1, "another-job")
         assert not processes.signal_group(started.pid, started.start + 1, "another-job", signal.SIGKILL)
