@@ -43,9 +43,10 @@ c.JupyterHub.load_roles = up.roles([up.DEMO_USER] if settings.demo_login else []
 c.JupyterHub.template_paths = [str(up.templates())]  # the home page shows pending cull warnings
 
 # Spawners without system users: every server runs as the account that started the hub, with its home in
-# the state folder. They reach the service directly, not through the proxy.
+# the state folder; started as root, as the unprivileged account gpupool up made, with homes in its home.
+# They reach the service directly, not through the proxy.
 c.JupyterHub.spawner_class = "gpupool-simple"  # SimpleLocalGPUSpawner
-c.SimpleLocalGPUSpawner.home_root = str(state / "homes")
+c.SimpleLocalGPUSpawner.home_root = settings.homes or str(state / "homes")
 c.LocalGPUSpawner.service_url = settings.service_url
 c.LocalGPUSpawner.service_api_token = up.spawner_token(state)
 if os.environ.get("GPUPOOL_PROFILES"):
@@ -54,12 +55,17 @@ c.Spawner.default_url = "/lab"
 # A queued spawn waits for its devices up to this long (JupyterHub's own 60 s gave up on a queue of one);
 # the progress page says its place in the queue meanwhile.
 c.Spawner.start_timeout = 600
-# The single-user server from the same environment as the hub, whether or not that environment is on PATH.
-c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
-if os.geteuid() == 0:
-    # The embedded hub spawns servers as its own user; on a root-only dev box or CI that is root, which
-    # jupyter-server refuses without this flag. Production (jupyterhub_config.py) spawns as system users.
-    c.Spawner.args = ["--allow-root"]
+# The single-user server from the same environment as the hub, whether or not that environment is on PATH;
+# as root, from the environment the unprivileged account can run, which is first on its PATH too.
+c.Spawner.cmd = [str(Path(settings.user_bin or Path(sys.executable).parent) / "jupyterhub-singleuser")]
+if settings.run_as and settings.user_bin:
+    c.SimpleLocalGPUSpawner.run_as = settings.run_as
+    c.Spawner.environment = {"PATH": up.user_path(settings.user_bin)}
+elif os.geteuid() == 0 and not settings.kubeconfig:
+    raise RuntimeError(
+        "as root, start the embedded hub with `gpupool up`: it runs servers and jobs as an unprivileged "
+        "account (jupyterhub -f embedded.py would run them as root)"
+    )
 
 # With --kubeconfig, servers are pods on that cluster, on the node and resources of their lease. Made for
 # `gpupool kube up`'s local cluster: its kubelet runs the pod's command (the singleuser server above) on this

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -32,9 +33,10 @@ from up_harness import (
 )
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
+from gpupool.spawner.hub.demo_account import DEMO_ACCOUNT
 from gpupool.spawner.hub.spawner import LocalGPUSpawner, SimpleLocalGPUSpawner
 from gpupool.spawner.hub.up import ENV, demo_password, embedded_config, prepare, spawner_token
-from gpupool.widgets import Connection
+from gpupool.widgets import Connection, submit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,6 +112,49 @@ def test_a_notebook_server_reaches_the_service_with_its_own_token(start: tuple[P
             assert hub.delete("/users/demo/server").status_code in (202, 204)
     finally:
         up.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root only: gpupool up then runs user code as gpupool-demo")
+def test_as_root_the_demo_users_server_and_first_job_run_as_gpupool_demo_in_one_home(
+    start: tuple[Path, int],
+) -> None:
+    """Finding 7 of the hostile-user review: under ``gpupool up`` as root every server ran as root
+    (``--allow-root``), and the demo user's first ``submit()`` was refused for want of a system account."""
+    tmp, port = start
+    up = start_up(tmp, tmp / "state", port, extra_config(tmp))
+    try:
+        with contextlib.closing(login(up)) as client:
+            token = api_token(client)
+        hub = httpx.Client(
+            base_url=f"{up.url}/hub/api", headers={"Authorization": f"token {token}"}, timeout=30
+        )
+        with contextlib.closing(hub):
+            account = pwd.getpwnam(DEMO_ACCOUNT)
+            pid = int(_start_demo_server(up, hub)["state"]["pid"])
+            assert _uids(pid) == {account.pw_uid}
+            assert b"--allow-root" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = environ_of(pid)
+            home = environ["HOME"]
+            assert home == f"{account.pw_dir}/demo"
+            assert f"run as the system account {DEMO_ACCOUNT}" in up.log.read_text()  # the log names it
+
+            # the first submit() from the notebook: `python` is the notebook's, the job's home is the notebook's
+            code = "import os, gpupool.widgets; print(os.getuid(), os.getcwd())"
+            job = submit(["python", "-c", code], "cpu", connection=Connection(environ=environ))
+            assert job.wait(timeout=60, poll=0.2) == "succeeded", job.model()
+            assert job.logs().split() == [str(account.pw_uid), home]
+            assert (Path(home) / ".gpupool" / "jobs" / job.id / "output.log").is_file()
+            assert hub.delete("/users/demo/server").status_code in (202, 204)
+    finally:
+        up.stop()
+
+
+def _uids(pid: int) -> set[int]:
+    """The real, effective, saved and filesystem user ids of process ``pid``."""
+    (line,) = (
+        line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:")
+    )
+    return {int(uid) for uid in line.split()[1:]}
 
 
 def _start_demo_server(up: Up, hub: httpx.Client) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import uuid
 from collections.abc import Iterator
@@ -118,6 +119,19 @@ def test_as_root_a_user_without_a_system_account_or_a_root_account_is_refused() 
 def test_without_root_jobs_run_as_the_service_user_in_homes_under_the_home_root() -> None:
     simple = processes.identity_for("alice", home_root="/srv/homes", euid=1000)
     assert simple == processes.Identity("alice", "/srv/homes/alice")
+
+
+def test_with_one_account_every_users_jobs_run_as_it_in_homes_under_the_home_root() -> None:
+    account = pwd.getpwnam(job_user())
+    shared = processes.identity_for("alice", home_root="/srv/homes", account=account.pw_name, euid=0)
+    assert (shared.user, shared.home, shared.uid, shared.gid) == (
+        "alice",
+        "/srv/homes/alice",
+        account.pw_uid,
+        account.pw_gid,
+    )
+    with pytest.raises(processes.NoSystemAccount, match="never run as root"):
+        processes.identity_for("alice", account="root", euid=0)
 
 
 # ---- submission checks ----------------------------------------------------------------------------------

@@ -15,12 +15,13 @@ spawn form and what a lease means for a local process:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jupyterhub.spawner import (  # type: ignore[import-untyped]
     LocalProcessSpawner,
     SimpleLocalProcessSpawner,
+    set_user_setuid,
 )
 from traitlets import Unicode, default
 
@@ -69,8 +70,17 @@ def _profile_from_formdata(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
 
 
 class SimpleLocalGPUSpawner(LocalGPUSpawner, SimpleLocalProcessSpawner):  # type: ignore[misc]  # untyped base
-    """:class:`LocalGPUSpawner` without system users: every server runs as the hub's user, in a home
-    directory ``home_root/<username>``. For the embedded single-machine hub and tests, not for shared hosts."""
+    """:class:`LocalGPUSpawner` without system users: every server runs as one account (the hub's, or
+    ``run_as``), in a home directory ``home_root/<username>``. For the embedded single-machine hub and tests,
+    not for shared hosts."""
+
+    run_as = Unicode(
+        "",
+        config=True,
+        help="""The system account every server runs as, e.g. ``"gpupool-demo"`` (what ``gpupool up`` sets when
+        started as root, so that no server runs as root); ``home_root`` must be that account's to write in.
+        Empty: the hub's own account.""",
+    )
 
     home_root = Unicode(
         "/tmp/gpupool-homes",
@@ -82,6 +92,20 @@ class SimpleLocalGPUSpawner(LocalGPUSpawner, SimpleLocalProcessSpawner):  # type
     @default("home_dir_template")
     def _default_home_dir_template(self) -> str:
         return os.path.join(self.home_root, "{username}")
+
+    def make_preexec_fn(self, name: str) -> Callable[[], None]:
+        """Become ``run_as`` (when set), then make the home, private, and enter it."""
+        if not self.run_as:
+            return super().make_preexec_fn(name)  # type: ignore[no-any-return]
+        become = set_user_setuid(self.run_as, chdir=False)
+        home = self.home_dir
+
+        def preexec() -> None:
+            become()
+            os.makedirs(home, 0o700, exist_ok=True)
+            os.chdir(home)
+
+        return preexec
 
 
 __all__: Sequence[str] = ("LocalGPUSpawner", "SimpleLocalGPUSpawner", "lease_env", "read_profiles")

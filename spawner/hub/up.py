@@ -13,7 +13,6 @@ hub ``port + 81``, gpupool service ``port + 2101``.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import secrets
@@ -28,6 +27,8 @@ from typing import TYPE_CHECKING
 from .. import orphans
 from ..files.quotas_file import EXAMPLE_QUOTAS
 from ..names import SERVICE_NAME, SERVICE_PREFIX
+from .up_checks import UpError as UpError  # the error gpupool up's callers catch
+from .up_checks import check_data_files, check_request
 
 if TYPE_CHECKING:
     from ..backends.discovery import DiscoveredPool
@@ -50,10 +51,6 @@ CUSTOM_SCOPES = {
 }
 
 
-class UpError(RuntimeError):
-    """A start-up problem the user can fix; the message says how."""
-
-
 @dataclass(frozen=True)
 class UpSettings:
     """What ``gpupool up`` was asked for, as the embedded config receives it."""
@@ -66,6 +63,11 @@ class UpSettings:
     demo_login: bool = True
     proxy_command: str = CHP
     kubeconfig: str | None = None  # a cluster to spawn on with KubeGPUSpawner (e.g. ``gpupool kube up``'s)
+    # Started as root: the unprivileged account servers and jobs run as, the folder of the users' homes (its
+    # home) and the bin folder of a Python environment it can run (see demo_account, user_environment).
+    run_as: str | None = None
+    homes: str | None = None
+    user_bin: str | None = None
 
     @property
     def state(self) -> Path:
@@ -106,16 +108,6 @@ class UpSettings:
         data = json.loads(text)
         data["extra_config"] = tuple(data.get("extra_config") or ())
         return cls(**data)
-
-
-def is_loopback(ip: str) -> bool:
-    """Whether only this machine can reach ``ip`` (``localhost``, 127.0.0.0/8, ``::1``)."""
-    if ip == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(ip).is_loopback
-    except ValueError:
-        return False
 
 
 def find_proxy(project: Path = PROJECT_ROOT) -> str:
@@ -168,10 +160,12 @@ def service_environment(settings: UpSettings) -> dict[str, str]:
         "GPUPOOL_STOP_UNLEASED": "1",
         # the demo hub: without GPUs it runs on the simulated demo pool, and says so everywhere
         "GPUPOOL_SIMULATED_FALLBACK": "1",
-        # jobs find the same homes as the servers (SimpleLocalGPUSpawner.home_root in embedded.py); used when
-        # the hub does not run as root, as on a workstation, and jobs then run as its account too
-        "GPUPOOL_JOB_HOME_ROOT": str(settings.state / "homes"),
+        # jobs find the same homes as the servers (SimpleLocalGPUSpawner.home_root in embedded.py) and run as
+        # the same account: the hub's own, or as root the unprivileged one, with its Python first on PATH
+        "GPUPOOL_JOB_HOME_ROOT": settings.homes or str(settings.state / "homes"),
     }
+    if settings.run_as and settings.user_bin:
+        env |= {"GPUPOOL_JOB_ACCOUNT": settings.run_as, "PATH": user_path(settings.user_bin)}
     if settings.pool:
         env["GPUPOOL_POOL"] = settings.pool
     if settings.kubeconfig:
@@ -185,6 +179,11 @@ def service_environment(settings: UpSettings) -> dict[str, str]:
     if profiles:
         env["GPUPOOL_PROFILES"] = profiles
     return env
+
+
+def user_path(user_bin: str) -> str:
+    """The PATH of servers and jobs that run as the unprivileged account: its environment's bin first."""
+    return f"{user_bin}:/usr/local/bin:/usr/bin:/bin"
 
 
 def services(settings: UpSettings) -> list[dict[str, object]]:
@@ -302,8 +301,8 @@ def prepare(
     environ: Mapping[str, str] = os.environ,
 ) -> Prepared:
     """Check the request, create the state folder and its secrets; raise :class:`UpError` saying what to fix."""
-    _check_request(ip, pool, extra_config, demo_login, kubeconfig)
-    _check_data_files(environ)
+    check_request(ip, pool, extra_config, demo_login, kubeconfig)
+    check_data_files(environ)
     # here, not at the top: the hub's process imports this module too (embedded.py) and discovers nothing
     from ..backends.discovery import discover_pool
 
@@ -311,6 +310,7 @@ def prepare(
     state = Path(state_dir).resolve()
     state.mkdir(parents=True, exist_ok=True)
     state.chmod(0o700)  # the databases, the proxy's token and the cookie secret: no one else's to read
+    account = None if kubeconfig or os.geteuid() != 0 else _unprivileged_account()
     settings = UpSettings(
         state_dir=str(state),
         ip=ip,
@@ -320,6 +320,7 @@ def prepare(
         demo_login=demo_login,
         proxy_command=find_proxy(),
         kubeconfig=str(Path(kubeconfig).resolve()) if kubeconfig else None,
+        **(account or {}),
     )
     if found is None:
         messages = [
@@ -329,6 +330,11 @@ def prepare(
     else:
         messages = [*([f"gpupool: {found.note}"] if found.note else []), pool_line(found)]
     messages.append(f"gpupool: state in {state}")
+    if settings.run_as:
+        messages.append(
+            f"gpupool: started as root, so every user's servers and jobs run as the system account "
+            f"{settings.run_as}, with homes in {settings.homes} and Python from {settings.user_bin}"
+        )
     if demo_login:
         messages.append(
             f"Log in at {settings.public_url} as {DEMO_USER} with password {demo_password(state)}"
@@ -341,37 +347,20 @@ def prepare(
     return Prepared(["-f", str(embedded_config())], env, messages)
 
 
-def _check_request(
-    ip: str, pool: str | None, extra_config: tuple[str, ...], demo_login: bool, kubeconfig: str | None
-) -> None:
-    if demo_login and not is_loopback(ip):
-        raise UpError(
-            f"the demo login (one user, a printed password) only listens on this machine, not on --ip {ip}; "
-            "serve other machines with the production configuration: "
-            "`jupyterhub -f hub_config/jupyterhub_config.py` (or pass --no-demo-login and an authenticator in -f)"
-        )
-    for extra in extra_config:
-        if not Path(extra).is_file():
-            raise UpError(f"-f {extra}: no such file")
-    if pool is not None and not Path(pool).is_file():
-        raise UpError(f"--pool {pool}: no such file")
-    if kubeconfig is not None and pool is not None:
-        raise UpError("--pool and --kubeconfig: choose one; on Kubernetes the pool is the cluster's nodes")
-    if kubeconfig is not None and not Path(kubeconfig).is_file():
-        raise UpError(f"--kubeconfig {kubeconfig}: no such file (gpupool kube up prints the path of its own)")
-
-
-def _check_data_files(environ: Mapping[str, str]) -> None:
-    """Read the profiles and quotas the hub and the service will read, now: a mistake (the loaders name the
-    file, line and field) stops ``gpupool up`` on the terminal before anything starts."""
-    from ..files.profiles_file import EXAMPLE_PROFILES, load_profiles
-    from ..files.quotas_file import load_quotas
+def _unprivileged_account() -> dict[str, str]:
+    """As root: the account user code runs as (made when missing) and an environment it can run (built when
+    missing), as :class:`UpSettings` fields."""
+    from .demo_account import AccountError, ensure_account
+    from .user_environment import UserEnvironmentError, ensure_user_environment
 
     try:
-        load_profiles(environ.get("GPUPOOL_PROFILES") or EXAMPLE_PROFILES)
-        load_quotas(environ.get("GPUPOOL_QUOTAS") or EXAMPLE_QUOTAS)
-    except (OSError, ValueError) as error:
+        account, made = ensure_account()
+        if made:
+            print(f"gpupool: made the system account {account.name} (uid {account.uid})", flush=True)
+        environment = ensure_user_environment(account, PROJECT_ROOT, say=lambda line: print(line, flush=True))
+    except (AccountError, UserEnvironmentError) as error:
         raise UpError(str(error)) from None
+    return {"run_as": account.name, "homes": account.homes, "user_bin": str(environment.bin)}
 
 
 def pool_line(found: DiscoveredPool) -> str:

@@ -137,6 +137,7 @@ def assemble(settings: ServiceSettings) -> Service:
         grace=settings.job_grace_seconds,
         max_queued=settings.max_queued_jobs,
         home_root=settings.job_home_root or None,
+        account=settings.job_account or None,
         job_runner=kube_job_runner(kube, settings) if kube is not None else None,
     )
     parts = service_parts(settings, pool, manager, jobs)

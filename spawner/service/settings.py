@@ -114,9 +114,15 @@ class ServiceSettings(Application):
     )
     job_home_root = Unicode(
         "",
-        help="When the service does not run as root: the folder of users' homes (<root>/<user>) jobs run in. "
-        "Empty: the users' system homes (as root, jobs run as the user's system account).",
+        help="The folder of users' homes (<root>/<user>) jobs run in when the service does not run as root, or "
+        "runs them as job_account. Empty: the users' system homes (as root, jobs run as the user's system "
+        "account), or job_account's home.",
     ).tag(config=True, env="GPUPOOL_JOB_HOME_ROOT")
+    job_account = Unicode(
+        "",
+        help="When the service runs as root: one unprivileged system account that runs every user's jobs, in "
+        "<job_home_root>/<user> (gpupool up sets it to gpupool-demo). Empty: each user's own system account.",
+    ).tag(config=True, env="GPUPOOL_JOB_ACCOUNT")
     service_url = Unicode(
         "",
         help="This service as job pods reach it, prefix included (given to them for the notebook widgets), "

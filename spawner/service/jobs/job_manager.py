@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 class JobManager:
     """Runs jobs on leases from ``leases``, recording each change in ``store`` first. ``job_runner`` is where
-    runs happen (default: a :class:`~.runner.LocalRunner` with ``home_root``)."""
+    runs happen (default: a :class:`~.runner.LocalRunner` with ``home_root`` and ``account``)."""
 
     def __init__(
         self,
@@ -54,6 +54,7 @@ class JobManager:
         grace: float = 30.0,
         max_queued: int = 100,
         home_root: str | None = None,
+        account: str | None = None,
         clock: Callable[[], float] = time.time,
         job_runner: JobRunner | None = None,
     ) -> None:
@@ -63,7 +64,7 @@ class JobManager:
         self.grace = grace
         self.max_queued = max_queued
         self._clock = clock
-        self.runner: JobRunner = job_runner if job_runner is not None else LocalRunner(home_root)
+        self.runner: JobRunner = job_runner if job_runner is not None else LocalRunner(home_root, account)
         self._lock = threading.RLock()
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

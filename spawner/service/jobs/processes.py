@@ -3,9 +3,10 @@ a restart, signal it, and read what it left (exit status, log).
 
 Identity. "Runs as the user, never as root": when the service runs as root, a job runs as its user's system
 account (``pwd``), with that account's groups, and a user without one (or whose account is root) is refused
-with :class:`NoSystemAccount`. When the service is not root, jobs run as the service's own user, the simple
-single-machine mode that :class:`~...hub.spawner.SimpleLocalGPUSpawner` is for servers; homes are then
-``home_root/<user>``.
+with :class:`NoSystemAccount`. Given one ``account`` (``gpupool up`` as root), every user's jobs run as that
+unprivileged account instead, in ``home_root/<user>``, as the embedded hub's servers do. When the service is
+not root, jobs run as the service's own user, the simple single-machine mode that
+:class:`~...hub.spawner.SimpleLocalGPUSpawner` is for servers; homes are then ``home_root/<user>``.
 
 Files. Each job has a directory in its user's home, ``~/.gpupool/jobs/<id>/``, made by the job's own process
 as the user (so the service never writes into a home as root): ``output.log`` (stdout and stderr, appended by
@@ -72,9 +73,13 @@ class Identity:
     groups: tuple[int, ...] = ()
 
 
-def identity_for(user: str, *, home_root: str | None = None, euid: int | None = None) -> Identity:
+def identity_for(
+    user: str, *, home_root: str | None = None, account: str | None = None, euid: int | None = None
+) -> Identity:
     """The identity a job of ``user`` runs with, by the rule in the module docstring."""
     euid = os.geteuid() if euid is None else euid
+    if euid == 0 and account:
+        return _shared_account_identity(user, account, home_root)
     if euid != 0:
         if home_root:
             return Identity(user, os.path.join(home_root, user))
@@ -86,16 +91,31 @@ def identity_for(user: str, *, home_root: str | None = None, euid: int | None = 
                 "<home_root>/<user> as the service's own user"
             ) from None
     try:
-        account = pwd.getpwnam(user)
+        entry = pwd.getpwnam(user)
     except KeyError:
         raise NoSystemAccount(
             f"{user} has no system account on this host; the service runs as root and runs jobs only as "
             "their user's own account, so an administrator must create one (useradd)"
         ) from None
-    if account.pw_uid == 0:
+    if entry.pw_uid == 0:
         raise NoSystemAccount(f"{user} is a root account here; jobs never run as root")
-    groups = tuple(g for g in os.getgrouplist(user, account.pw_gid) if g != account.pw_gid)
-    return Identity(user, account.pw_dir, account.pw_uid, account.pw_gid, groups)
+    groups = tuple(g for g in os.getgrouplist(user, entry.pw_gid) if g != entry.pw_gid)
+    return Identity(user, entry.pw_dir, entry.pw_uid, entry.pw_gid, groups)
+
+
+def _shared_account_identity(user: str, account: str, home_root: str | None) -> Identity:
+    """``user``'s jobs as the one unprivileged ``account``, in ``home_root/<user>`` (default: under the
+    account's own home)."""
+    try:
+        entry = pwd.getpwnam(account)
+    except KeyError:
+        raise NoSystemAccount(
+            f"the account {account} that runs every user's jobs does not exist on this host"
+        ) from None
+    if entry.pw_uid == 0:
+        raise NoSystemAccount(f"{account} is a root account here; jobs never run as root")
+    home = os.path.join(home_root or entry.pw_dir, user)
+    return Identity(user, home, entry.pw_uid, entry.pw_gid)
 
 
 def job_dir(identity: Identity, job_id: str) -> str:

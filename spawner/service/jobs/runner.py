@@ -120,18 +120,19 @@ class JobRunner(Protocol):
 
 class LocalRunner:
     """Jobs as process groups on this host, by :mod:`.processes`: as their user's account when the service is
-    root, else as the service's user with homes under ``home_root``."""
+    root (or as the one ``account`` given), else as the service's user with homes under ``home_root``."""
 
     kind = "local"
     enforces_deadline = False
     host_paths = True
 
-    def __init__(self, home_root: str | None = None) -> None:
+    def __init__(self, home_root: str | None = None, account: str | None = None) -> None:
         self.home_root = home_root
+        self.account = account
         self._processes: dict[str, subprocess.Popen[bytes]] = {}  # runs this process started, to reap
 
     def identity(self, user: str) -> processes.Identity:
-        return processes.identity_for(user, home_root=self.home_root)
+        return processes.identity_for(user, home_root=self.home_root, account=self.account)
 
     def launch(self, job: Job, lease: Lease, identity: processes.Identity) -> Launched:
         env = processes.job_env(

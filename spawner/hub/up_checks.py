@@ -1,0 +1,57 @@
+"""What ``gpupool up`` checks before it starts anything: the request makes sense, and the profiles and quotas
+the hub and the service will read load."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from pathlib import Path
+
+from ..files.quotas_file import EXAMPLE_QUOTAS
+
+
+class UpError(RuntimeError):
+    """A start-up problem the user can fix; the message says how."""
+
+
+def is_loopback(ip: str) -> bool:
+    """Whether only this machine can reach ``ip`` (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if ip == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False
+
+
+def check_request(
+    ip: str, pool: str | None, extra_config: tuple[str, ...], demo_login: bool, kubeconfig: str | None
+) -> None:
+    if demo_login and not is_loopback(ip):
+        raise UpError(
+            f"the demo login (one user, a printed password) only listens on this machine, not on --ip {ip}; "
+            "serve other machines with the production configuration: "
+            "`jupyterhub -f hub_config/jupyterhub_config.py` (or pass --no-demo-login and an authenticator in -f)"
+        )
+    for extra in extra_config:
+        if not Path(extra).is_file():
+            raise UpError(f"-f {extra}: no such file")
+    if pool is not None and not Path(pool).is_file():
+        raise UpError(f"--pool {pool}: no such file")
+    if kubeconfig is not None and pool is not None:
+        raise UpError("--pool and --kubeconfig: choose one; on Kubernetes the pool is the cluster's nodes")
+    if kubeconfig is not None and not Path(kubeconfig).is_file():
+        raise UpError(f"--kubeconfig {kubeconfig}: no such file (gpupool kube up prints the path of its own)")
+
+
+def check_data_files(environ: Mapping[str, str]) -> None:
+    """Read the profiles and quotas the hub and the service will read, now: a mistake (the loaders name the
+    file, line and field) stops ``gpupool up`` on the terminal before anything starts."""
+    from ..files.profiles_file import EXAMPLE_PROFILES, load_profiles
+    from ..files.quotas_file import load_quotas
+
+    try:
+        load_profiles(environ.get("GPUPOOL_PROFILES") or EXAMPLE_PROFILES)
+        load_quotas(environ.get("GPUPOOL_QUOTAS") or EXAMPLE_QUOTAS)
+    except (OSError, ValueError) as error:
+        raise UpError(str(error)) from None
