@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from gpupool.spawner.hub.up import CULLER_SCOPES, culler_command, read_or_create_secret, templates
+from gpupool.spawner.hub.up_checks import require_real_pool
 from gpupool.spawner.orphans import parent_environment
 
 c = get_config()  # type: ignore[name-defined]  # noqa: F821  (JupyterHub provides it)
@@ -25,6 +26,15 @@ PROFILES = os.environ.get("GPUPOOL_PROFILES", "/etc/jupyterhub/gpupool-profiles.
 QUOTAS = os.environ.get("GPUPOOL_QUOTAS", "/etc/jupyterhub/gpupool-quotas.yaml")  # EDIT (see quotas.yaml)
 ADMINS = {"root"}  # EDIT: who administers the hub and sees every lease
 USERS_GROUP = "gpu-users"  # EDIT: the system group whose members may log in
+
+# --- The pool is this host's GPUs ------------------------------------------------------------------------------
+# Checked first: with no NVIDIA driver or no GPUs the hub stops here, non-zero, with NVML's error, rather than
+# start and fail every spawn. GPUPOOL_POOL (a pool file) or GPUPOOL_SIMULATED_FALLBACK=1 in the hub's environment
+# serve a simulated pool on purpose, for a trial; they are passed on to the service below.
+require_real_pool()
+SIMULATION = {
+    key: os.environ[key] for key in ("GPUPOOL_POOL", "GPUPOOL_SIMULATED_FALLBACK") if key in os.environ
+}
 
 # --- Network -------------------------------------------------------------------------------------------------
 # Users reach only the proxy. The hub and the gpupool service listen on loopback: nothing else needs them.
@@ -41,8 +51,9 @@ c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
 c.JupyterHub.authenticator_class = "pam"
 c.PAMAuthenticator.allowed_groups = {USERS_GROUP}
 c.Authenticator.admin_users = ADMINS
-# Profiles restricted to groups (e.g. "training") check JupyterHub groups, not system groups: create them
-# with the admin panel or the REST API, or let the authenticator sync them (c.Authenticator.manage_groups).
+# Profiles and quotas restricted to groups (e.g. "training") count both the user's system groups (as
+# /etc/group or LDAP lists them: LocalGPUSpawner.system_groups and the service's GPUPOOL_SYSTEM_GROUPS) and their
+# JupyterHub groups (the admin panel or the REST API).
 
 # --- Spawner -------------------------------------------------------------------------------------------------
 # Each server runs as its system user, pinned to the devices its lease names (CUDA_VISIBLE_DEVICES).
@@ -55,6 +66,9 @@ c.LocalGPUSpawner.service_url = "http://127.0.0.1:10101/services/gpupool/"  # st
 c.LocalGPUSpawner.service_api_token = SPAWNER_TOKEN
 c.LocalGPUSpawner.profiles_file = PROFILES  # the form and the service must read the same file
 c.Spawner.default_url = "/lab"
+# A hub restart (an upgrade, a config change) leaves running servers and their leases alone: the new hub finds
+# each one by its pid and carries on, so users notice nothing.
+c.JupyterHub.cleanup_servers = False
 c.Spawner.start_timeout = 600  # a queued spawn waits up to this long for devices before it gives up
 
 # --- Services ------------------------------------------------------------------------------------------------
@@ -76,6 +90,8 @@ c.JupyterHub.services = [
             "GPUPOOL_QUOTAS": QUOTAS,  # per user and per group limits; leave it out for none
             "GPUPOOL_POLICY": "gpupool",  # placement: gpupool (default), fgd, best-fit, spread, first-fit
             "GPUPOOL_STOP_UNLEASED": "1",  # stop a server holding no lease, confirmed by two passes a minute apart
+            "GPUPOOL_SYSTEM_GROUPS": "1",  # a job's profile and quota count the user's system groups too
+            **SIMULATION,
             # EDIT for PostgreSQL, e.g. "postgresql+psycopg://gpupool@db.example.org/gpupool"
             "GPUPOOL_DB_URL": f"sqlite:///{STATE / 'gpupool.sqlite'}",
             **parent_environment(),  # a hub killed with -9 takes the service along, even mid-start

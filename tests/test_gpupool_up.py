@@ -12,6 +12,7 @@ import pwd
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -260,13 +261,33 @@ def test_the_production_config_loads_and_names_only_real_options(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)  # it keeps its state in the working directory
+    monkeypatch.setenv("GPUPOOL_POOL", str(DEMO_POOL))  # a simulated pool on purpose: no GPU here
     config = _load(ROOT / "hub_config" / "jupyterhub_config.py")
     _assert_every_option_exists(config)
     assert _spawner_class(config) is LocalGPUSpawner
+    assert config.JupyterHub.cleanup_servers is False  # a hub restart leaves the servers running
+    (service,) = (s for s in config.JupyterHub.services if s["name"] == "gpupool")
+    assert service["environment"]["GPUPOOL_POOL"] == str(DEMO_POOL)
     assert config.JupyterHub.authenticator_class == "pam"
     token = (tmp_path / "gpupool-hub-token").read_text().strip()
     assert config.LocalGPUSpawner.service_api_token == token
     assert {"name": "gpupool-hub", "api_token": token} in config.JupyterHub.services
+
+
+def test_the_production_config_without_a_driver_stops_the_hub_with_nvmls_error(tmp_path: Path) -> None:
+    """No NVIDIA driver on the test machines: the hub must not start and serve a pool that is not there."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUPOOL_POOL", "GPUPOOL_SIMULATED_FALLBACK")}
+    result = subprocess.run(
+        [sys.executable, "-m", "jupyterhub", "-f", str(ROOT / "hub_config" / "jupyterhub_config.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "NVML" in result.stderr and "GPUPOOL_SIMULATED_FALLBACK=1" in result.stderr, result.stderr[-2000:]
+    assert not (tmp_path / "jupyterhub.sqlite").exists()  # it stopped before starting anything
 
 
 def test_the_embedded_config_loads_and_names_only_real_options(

@@ -13,8 +13,10 @@ import pytest
 from job_user import clean_home, job_user, user_dir
 from polling import until
 
+from gpupool.spawner.pool.job_states import JobState
 from gpupool.spawner.pool.profiles import Profile
 from gpupool.spawner.service.jobs import processes
+from gpupool.spawner.service.jobs.runner import Outcome
 from gpupool.spawner.service.jobs.submission import InvalidJob, check_submission
 
 RUN = uuid.uuid4().hex[:8]  # job ids unique to this test run: a job directory is never a leftover
@@ -211,3 +213,8 @@ def test_a_submission_over_the_size_limits_is_refused_naming_the_field(
     with pytest.raises(InvalidJob) as refused:
         check(identity, **changes)
     assert refused.value.field == field and "at most" in str(refused.value)
+
+
+def test_an_exit_status_past_128_says_which_signal_killed_the_command() -> None:
+    assert Outcome(137).end(None) == (JobState.FAILED, "the command was killed by SIGKILL (exit status 137)")
+    assert Outcome(3).end(None) == (JobState.FAILED, "the command exited with status 3")

@@ -35,7 +35,10 @@ def test_a_new_user_reaches_jupyterlab_in_a_pod_on_the_leased_node_with_the_leas
         headers = {"Authorization": f"token {api_token(browser)}"}
         form = browser.get("/hub/spawn")
         assert form.status_code == 200 and "MIG 3g.40gb" in form.text and "simulated" not in form.text
-        started = browser.post("/hub/api/users/demo/server", json={"profile": "mig-3g"}, headers=headers)
+        # JupyterHub answers a spawn within its slow_spawn_timeout (10 s), the client's own default: wait longer
+        started = browser.post(
+            "/hub/api/users/demo/server", json={"profile": "mig-3g"}, headers=headers, timeout=60
+        )
         assert started.status_code in (201, 202), started.text
         eventually(lambda: _ready(browser, headers), f"the server ready:\n{up.log_tail()}", timeout_s=120)
         lab = browser.get("/user/demo/lab", follow_redirects=True)

@@ -77,11 +77,12 @@ def choices_for(
     return choices
 
 
-def render_form(choices: Sequence[ProfileChoice], *, backend: str) -> str:
+def render_form(choices: Sequence[ProfileChoice], *, backend: str, limits_note: str = "") -> str:
     """An HTML fragment for JupyterHub's spawn page (it sits inside the hub's own ``<form>``).
 
     One radio named ``profile`` per usable choice, the default profile checked (else the first usable one);
-    blocked choices are disabled rows carrying their reason. Every text is escaped.
+    blocked choices are disabled rows carrying their reason. ``limits_note``: why the profiles' CPU and memory
+    are not enforced on this host, if they are not. Every text is escaped.
     """
     usable = [c for c in choices if c.usable]
     checked = next((c for c in usable if c.profile.default), usable[0] if usable else None)
@@ -90,6 +91,11 @@ def render_form(choices: Sequence[ProfileChoice], *, backend: str) -> str:
         parts.append(
             '<p class="gpupool-simulated" title="no real GPUs: the pool comes from a pool file">'
             "Simulated pool: the GPUs below are not real</p>"
+        )
+    if limits_note:
+        parts.append(
+            '<p class="gpupool-unenforced">CPU and memory below are what the pool counts, not limits: '
+            f"{escape(limits_note)}</p>"
         )
     if not usable:
         parts.append('<p class="gpupool-none">No profile is open to you now; ask an administrator.</p>')

@@ -14,6 +14,8 @@ spawn form and what a lease means for a local process:
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -23,10 +25,12 @@ from jupyterhub.spawner import (  # type: ignore[import-untyped]
     SimpleLocalProcessSpawner,
     set_user_setuid,
 )
-from traitlets import Unicode, default
+from traitlets import Bool, Unicode, default
 
 from ..device_env import lease_env
 from ..files.profiles_file import read_profiles
+from ..limits import Cgroup, HostCgroups, Limits, this_host
+from ..system_groups import system_groups as groups_on_host
 from . import form
 from .leasing import GpuLeasing, check_user_options
 
@@ -37,11 +41,30 @@ async def _render_options_form(spawner: LocalGPUSpawner) -> str:
 
 
 class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner):  # type: ignore[misc]  # jupyterhub is untyped
-    """A local-process spawner that starts each server on the devices of a gpupool lease.
+    """A local-process spawner that starts each server on the devices of a gpupool lease, in a control group
+    with its profile's CPU and memory (:mod:`..limits`, when the hub runs as root).
 
     See the module docstring; configure the service with ``service_url`` and ``service_api_token`` and the
     form with ``profiles_file``.
     """
+
+    _cgroup: Cgroup | None = None
+
+    system_groups = Bool(
+        True,
+        config=True,
+        help="""Count the user's system groups (e.g. ``gpu-users`` in ``/etc/group``) with their JupyterHub
+        groups for profiles and quotas restricted to groups; give the service ``GPUPOOL_SYSTEM_GROUPS=1``
+        so jobs count them too. False: JupyterHub groups only.""",
+    )
+
+    @property
+    def user_groups(self) -> list[str]:
+        """The user's JupyterHub groups, and with ``system_groups`` their system groups."""
+        groups = set(super().user_groups)
+        if self.system_groups:
+            groups |= groups_on_host(self.user.name)
+        return sorted(groups)
 
     @default("options_form")
     def _default_options_form(self) -> Any:
@@ -60,7 +83,61 @@ class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner):  # type: ignore[misc]  #
     async def render_options_form(self) -> str:
         """The form's HTML with live availability; without the service it still lists every profile."""
         choices, backend = await self.profile_choices()
-        return form.render_form(choices, backend=backend)
+        cgroups = host_cgroups_once()
+        return form.render_form(
+            choices, backend=backend, limits_note="" if cgroups.enforced else cgroups.reason
+        )
+
+    # ---- limits ------------------------------------------------------------------------------------------
+
+    def apply_lease(self, lease: Mapping[str, Any]) -> None:
+        """The lease's environment, and a control group with the profile's CPU and memory to start in."""
+        super().apply_lease(lease)
+        profile = self.resolve_profile()
+        self._cgroup = host_cgroups_once().create(
+            _group_name(str(lease["id"])), Limits(profile.cpu_milli, profile.memory_mib)
+        )
+
+    def make_preexec_fn(self, name: str) -> Callable[[], None]:
+        """Join the server's control group while still root (its kernels are born in it), then become the
+        user as the base spawner does."""
+        become = self.preexec_as(name)
+        cgroup = self._cgroup
+
+        def preexec() -> None:
+            if cgroup is not None:
+                cgroup.add()
+            become()
+
+        return preexec
+
+    def preexec_as(self, name: str) -> Callable[[], None]:
+        """The base spawner's ``preexec_fn``: become ``name``'s system account."""
+        return super().make_preexec_fn(name)  # type: ignore[no-any-return]
+
+    async def stop(self, now: bool = False) -> None:
+        """Stop the server and release its lease, then remove its control group."""
+        group = host_cgroups_once().group(_group_name(self.lease_id)) if self.lease_id else None
+        try:
+            await super().stop(now=now)
+        finally:
+            if group is not None:
+                group.remove()
+
+
+@functools.cache
+def host_cgroups_once() -> HostCgroups:
+    """This host's control groups, looked at (and gpupool's folders made) once per hub, saying in the log
+    whether limits hold."""
+    cgroups = this_host()
+    logging.getLogger("JupyterHub").log(
+        logging.INFO if cgroups.enforced else logging.WARNING, "gpupool: %s", cgroups.description()
+    )
+    return cgroups
+
+
+def _group_name(lease_id: str) -> str:
+    return f"server-{lease_id}"
 
 
 def _profile_from_formdata(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
@@ -73,6 +150,10 @@ class SimpleLocalGPUSpawner(LocalGPUSpawner, SimpleLocalProcessSpawner):  # type
     """:class:`LocalGPUSpawner` without system users: every server runs as one account (the hub's, or
     ``run_as``), in a home directory ``home_root/<username>``. For the embedded single-machine hub and tests,
     not for shared hosts."""
+
+    @default("system_groups")
+    def _default_system_groups(self) -> bool:
+        return False  # its users have no system accounts
 
     run_as = Unicode(
         "",
@@ -93,10 +174,10 @@ class SimpleLocalGPUSpawner(LocalGPUSpawner, SimpleLocalProcessSpawner):  # type
     def _default_home_dir_template(self) -> str:
         return os.path.join(self.home_root, "{username}")
 
-    def make_preexec_fn(self, name: str) -> Callable[[], None]:
+    def preexec_as(self, name: str) -> Callable[[], None]:
         """Become ``run_as`` (when set), then make the home, private, and enter it."""
         if not self.run_as:
-            return super().make_preexec_fn(name)  # type: ignore[no-any-return]
+            return super().preexec_as(name)
         become = set_user_setuid(self.run_as, chdir=False)
         home = self.home_dir
 

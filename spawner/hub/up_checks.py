@@ -1,9 +1,10 @@
-"""What ``gpupool up`` checks before it starts anything: the request makes sense, and the profiles and quotas
-the hub and the service will read load."""
+"""What a hub checks before it starts anything: for ``gpupool up``, the request makes sense and the profiles
+and quotas the hub and the service will read load; for the production configuration, the pool is real."""
 
 from __future__ import annotations
 
 import ipaddress
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -55,3 +56,17 @@ def check_data_files(environ: Mapping[str, str]) -> None:
         load_quotas(environ.get("GPUPOOL_QUOTAS") or EXAMPLE_QUOTAS)
     except (OSError, ValueError) as error:
         raise UpError(str(error)) from None
+
+
+def require_real_pool(environ: Mapping[str, str] = os.environ) -> None:
+    """For the production configuration, while JupyterHub loads it: stop the hub now, exiting non-zero with
+    NVML's error on the terminal, when the gpupool service would refuse to start for want of real GPUs (no
+    driver, or none found), instead of a hub whose every spawn then fails. ``GPUPOOL_POOL`` (a pool file) or
+    ``GPUPOOL_SIMULATED_FALLBACK=1`` in the hub's environment ask for a simulated pool on purpose."""
+    from ..backends.discovery import NoRealGpus, discover_pool
+
+    fallback = environ.get("GPUPOOL_SIMULATED_FALLBACK", "").lower() in ("1", "true", "yes")
+    try:
+        discover_pool(environ.get("GPUPOOL_POOL") or None, simulated_fallback=fallback)
+    except (NoRealGpus, OSError, ValueError) as error:
+        raise SystemExit(f"gpupool: {error}") from None

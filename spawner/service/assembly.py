@@ -23,6 +23,7 @@ from jupyterhub.services.auth import HubAuth, HubOAuth
 from ..backends.discovery import DiscoveredPool, discover_pool
 from ..files.profiles_file import load_profiles
 from ..files.quotas_file import load_quotas
+from ..limits import this_host
 from ..pool.policies import policy_by_name
 from ..pool.profiles import Profile
 from ..pool.quotas import default_policy, describe_quota
@@ -140,6 +141,9 @@ def assemble(settings: ServiceSettings) -> Service:
         account=settings.job_account or None,
         job_runner=kube_job_runner(kube, settings) if kube is not None else None,
     )
+    if kube is None:  # local jobs: say whether their CPU and memory limits hold here
+        cgroups = this_host()
+        log.log(logging.INFO if cgroups.enforced else logging.WARNING, "%s", cgroups.description())
     parts = service_parts(settings, pool, manager, jobs)
     cluster = kube.follow(manager, parts.health) if kube is not None else None
     service = Service(settings, create_app(parts), parts, cluster)
@@ -190,7 +194,7 @@ def service_parts(
         manager=manager,
         jobs=jobs,
         profiles=jobs.profiles,
-        auth=Authenticator(hub_auth, settings.service_name),
+        auth=Authenticator(hub_auth, settings.service_name, with_system_groups=settings.system_groups),
         telemetry=telemetry,
         usage=usage,
         culls=Culls(manager),  # the culler records warnings and culls here; pages and metrics read them

@@ -123,6 +123,11 @@ class ServiceSettings(Application):
         help="When the service runs as root: one unprivileged system account that runs every user's jobs, in "
         "<job_home_root>/<user> (gpupool up sets it to gpupool-demo). Empty: each user's own system account.",
     ).tag(config=True, env="GPUPOOL_JOB_ACCOUNT")
+    system_groups = Bool(
+        False,
+        help="Count a user's groups on this host (e.g. gpu-users in /etc/group) with their JupyterHub groups "
+        "for profiles and quotas restricted to groups. The production configuration sets it.",
+    ).tag(config=True, env="GPUPOOL_SYSTEM_GROUPS")
     service_url = Unicode(
         "",
         help="This service as job pods reach it, prefix included (given to them for the notebook widgets), "

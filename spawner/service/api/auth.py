@@ -20,12 +20,14 @@ Only unfiltered custom scopes count: ``custom:gpupool:admin!user=x`` grants noth
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import HTTPException, Request, status
 from jupyterhub.services.auth import HubAuth
 from tornado.web import HTTPError as TornadoHTTPError
+
+from ...system_groups import system_groups
 
 TOKEN_COOKIE = "gpupool-token"  # set by the browser login (browser_login.py), for the service's prefix only
 LEASES_SCOPE = "custom:gpupool:leases"
@@ -71,9 +73,10 @@ class Authenticator:
     """JupyterHub's :class:`HubAuth` for this service, turning its answers into :class:`Caller` or an HTTP
     error that says what is wrong."""
 
-    def __init__(self, hub_auth: HubAuth, service_name: str) -> None:
+    def __init__(self, hub_auth: HubAuth, service_name: str, *, with_system_groups: bool = False) -> None:
         self.hub_auth = hub_auth
         self.service_name = service_name
+        self.with_system_groups = with_system_groups  # a user's system groups count as their groups too
 
     async def caller(self, request: Request, authorization: str | None) -> Caller:
         """The caller of ``request``: its token must be one the hub knows, allowed to use this service. A
@@ -112,7 +115,10 @@ class Authenticator:
             raise HTTPException(
                 status.HTTP_403_FORBIDDEN, "JupyterHub does not accept this token (unknown or expired)"
             )
-        return caller_from_model(model)
+        caller = caller_from_model(model)
+        if self.with_system_groups and caller.kind == "user":
+            caller = replace(caller, groups=caller.groups | system_groups(caller.name))
+        return caller
 
 
 def caller_from_model(model: dict[str, Any]) -> Caller:

@@ -35,13 +35,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...device_env import device_env
+from ...limits import Cgroup
 
 JOBS_SUBDIR = ".gpupool/jobs"
 LOG_NAME = "output.log"
 CHECKPOINTS = "checkpoints"
-# $1 job dir, $2 working dir, $3 attempt, then the command. The log and the checkpoint directory are private
-# to the user (umask 077 in a subshell only: the command keeps the umask it would have had).
+# $1 job dir, $2 working dir, $3 attempt, then the command. It first waits for the service to close its
+# stdin, which the service does once the script is in the job's control group: nothing runs outside it. The
+# log and the checkpoint directory are private to the user (umask 077 in a subshell only: the command keeps
+# the umask it would have had).
 _SCRIPT = (
+    "read -r gpupool_gate || :\n"
     '(umask 077 && mkdir -p -- "$1/checkpoints" && : >>"$1/output.log") || exit 125\n'
     'exec >>"$1/output.log" 2>&1 </dev/null\n'
     'cd -- "$2" || exit 126\n'
@@ -172,14 +176,16 @@ def launch(
     directory: str,
     attempt: int,
     env: Mapping[str, str],
+    cgroup: Cgroup | None = None,
 ) -> Started:
-    """Start ``command`` (an argument list) as ``identity`` in a new session; OSError if it cannot start."""
+    """Start ``command`` (an argument list) as ``identity`` in a new session, in ``cgroup`` when given;
+    OSError if it cannot start."""
     switch = identity.uid is not None  # as root: the user's account, its group and its other groups
     process = subprocess.Popen(
         ["/bin/sh", "-c", _SCRIPT, "gpupool-job", directory, working_dir, str(attempt), *command],
         env=dict(env),
         cwd="/",  # the script changes to the working directory as the user, so the user's rights apply
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,  # the gate: the script waits for its end (see _SCRIPT)
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -188,6 +194,16 @@ def launch(
         group=identity.gid,
         extra_groups=list(identity.groups) if switch else None,
     )
+    assert process.stdin is not None
+    try:
+        if cgroup is not None:
+            cgroup.add(process.pid)
+    except OSError:
+        process.kill()
+        process.wait()
+        raise
+    finally:
+        process.stdin.close()  # open the gate
     start = _stat(process.pid)
     return Started(process.pid, start[1] if start else 0, process)
 

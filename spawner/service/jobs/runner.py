@@ -4,7 +4,8 @@ The job manager (:mod:`.job_manager`) owns the job's life: its lease, its states
 owns only the run: start it on the lease's devices, say whether it is still there, stop it (gracefully, then
 forced), say how it ended, and read its log. Two runners exist:
 
-- :class:`LocalRunner`, processes on this host as the user's system account (:mod:`.processes`);
+- :class:`LocalRunner`, processes on this host as the user's system account (:mod:`.processes`), each run
+  in a control group with its lease's CPU and memory (:mod:`...limits`);
 - :class:`~.kube_runner.KubeJobRunner`, a ``batch/v1`` Job per attempt on the lease's node.
 
 Every method is synchronous and quick, because the manager calls them from its supervision step under its
@@ -20,6 +21,7 @@ import subprocess
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from ...limits import Limits, this_host
 from ...pool.job_states import Job, JobState, StopRequest
 from ...pool.leases import Lease
 from . import processes
@@ -69,7 +71,7 @@ class Outcome:
                 JobState.FAILED,
                 self.reason or "the run ended without an exit status (killed by a signal?)",
             )
-        return JobState.FAILED, f"the command exited with status {code}"
+        return JobState.FAILED, f"{self.reason} (exit status {code})" if self.reason else _exit_words(code)
 
 
 class JobRunner(Protocol):
@@ -138,7 +140,11 @@ class LocalRunner:
         env = processes.job_env(
             identity, job.id, job.job_dir, lease.visible_devices, job.env, attempt=job.attempts
         )
-        started = processes.launch(identity, job.command, job.working_dir, job.job_dir, job.attempts, env)
+        request = lease.request
+        cgroup = this_host().create(_group_name(job), Limits(request.cpu_milli, request.memory_mib))
+        started = processes.launch(
+            identity, job.command, job.working_dir, job.job_dir, job.attempts, env, cgroup
+        )
         self._processes[job.id] = started.process
         return Launched(started.pid, started.start)
 
@@ -159,6 +165,11 @@ class LocalRunner:
 
     def outcome(self, job: Job) -> Outcome:
         code = processes.exit_status(job.job_dir, job.attempts, self._uid(job.user))
+        group = this_host().group(_group_name(job))
+        if code is not None and code != 0 and group is not None and group.oom_kills():
+            return Outcome(
+                code, reason="the kernel's OOM killer stopped it: it used all the memory its profile gives"
+            )
         if code is not None:
             return Outcome(code)
         process = self._processes.get(job.id)  # None after a restart: the run's start status is then unknown
@@ -168,6 +179,9 @@ class LocalRunner:
         process = self._processes.pop(job.id, None)
         if process is not None:
             process.poll()
+        group = this_host().group(_group_name(job))
+        if group is not None:
+            group.remove()
 
     def read_log(self, job: Job, offset: int, limit: int) -> bytes:
         uid = self._uid(job.user)
@@ -183,6 +197,18 @@ class LocalRunner:
         with contextlib.suppress(processes.NoSystemAccount):
             return self.identity(user).uid
         return None
+
+
+def _exit_words(code: int) -> str:
+    """What a non-zero exit status says: a shell reports a command killed by signal N as 128 + N."""
+    with contextlib.suppress(ValueError):
+        if code > 128:
+            return f"the command was killed by {signal.Signals(code - 128).name} (exit status {code})"
+    return f"the command exited with status {code}"
+
+
+def _group_name(job: Job) -> str:
+    return f"job-{job.id}-{job.attempts}"
 
 
 def _why_no_status(job: Job, returncode: int | None) -> str | None:

@@ -1,0 +1,192 @@
+"""Limits that hold on one host: each server and job in a control group with its profile's CPU and memory.
+
+Making control groups takes root, as the hub and the service on a real host have; the tests run as root in CI
+(cgroup v1 there, v2 on most desktops). A real hub with the GPU spawner and the gpupool service, on a profile
+of 768 MiB: a notebook kernel that allocates 2 GiB is killed by the kernel's OOM killer inside its server's
+group, while the hub and another user's server carry on; a job past its memory ends the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from hub_harness import GPU_SPAWNER, RunningHub, free_ports, write_hub_config
+from job_user import clean_home, job_user, python_with_numpy
+from polling import until
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
+
+from gpupool.spawner.limits import CPU_PERIOD_US, Limits, this_host
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="as root only: control groups are made by root (CI runs as root)"
+)
+
+ADMIN_TOKEN = "test-admin-token-limits-0123456789abcdef"
+HUB_CLIENT_TOKEN = "test-hub-client-token-limits-0123456789abcdef"
+ADMIN_SCOPES = ("admin:users", "admin:servers", "tokens", "custom:gpupool:admin", "access:services")
+POOL = "nodes:\n  - {name: box-01, cpu: 16, memory: 64GiB}\n"
+PROFILES = """
+profiles:
+  - slug: small
+    display_name: Small CPU server
+    cpu: 1
+    memory: 768MiB
+    default: true
+"""
+ALLOCATE = "x = bytearray(2 * 1024**3)"  # 2 GiB touched, past the profile's 768 MiB
+
+
+def test_this_host_enforces_limits() -> None:
+    host = this_host()
+    assert host.enforced, host.reason
+
+
+def test_a_process_past_its_memory_is_killed_and_its_cpu_quota_is_the_profiles() -> None:
+    host = this_host()
+    group = host.create(f"test-{uuid.uuid4().hex[:8]}", Limits(cpu_milli=1500, memory_mib=64))
+    assert group is not None
+    try:
+        code = "x = bytearray(300 * 1024**2); print('survived')"
+        result = _run_in(group.add, ["python3", "-c", code])
+        assert result == -9 and group.oom_kills() >= 1
+        quota = [f for f in ("cpu.max", "cpu.cfs_quota_us") for d in group.folders if (d / f).exists()]
+        text = next((d / quota[0]).read_text() for d in group.folders if (d / quota[0]).exists())
+        assert text.split()[0] == str(1500 * CPU_PERIOD_US // 1000)
+    finally:
+        group.remove()
+    assert not any(folder.exists() for folder in group.folders)
+
+
+def _run_in(preexec: Any, command: list[str]) -> int:
+    import subprocess
+
+    return subprocess.run(command, preexec_fn=preexec, capture_output=True).returncode
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningHub]:
+    tmp = tmp_path_factory.mktemp("limits-hub")
+    (tmp / "pool.yaml").write_text(POOL)
+    (tmp / "profiles.yaml").write_text(PROFILES)
+    ports = free_ports()
+    write_hub_config(
+        tmp,
+        ports,
+        admin_token=ADMIN_TOKEN,
+        admin_scopes=ADMIN_SCOPES,
+        pool_file=tmp / "pool.yaml",
+        service_env={"GPUPOOL_PROFILES": str(tmp / "profiles.yaml")},
+        hub_client_token=HUB_CLIENT_TOKEN,
+        spawner_class=GPU_SPAWNER,
+        spawn_timeout=60,
+        extra_config=[f"c.SimpleLocalGPUSpawner.profiles_file = {str(tmp / 'profiles.yaml')!r}"],
+    )
+    with RunningHub(tmp, ports, ADMIN_TOKEN, fail=pytest.fail) as running:
+        for name in ("alice", "bob", job_user()):
+            running.create_user(name)
+        yield running
+    clean_home(job_user())
+
+
+def test_a_kernel_past_its_servers_memory_is_killed_while_the_hub_and_others_carry_on(
+    hub: RunningHub,
+) -> None:
+    admin = hub.admin()
+    servers = {user: _start(hub, admin, user) for user in ("alice", "bob")}
+    alice = servers["alice"]
+    group = this_host().group(f"server-{alice['state']['gpupool_lease_id']}")
+    assert group is not None and int(alice["state"]["pid"]) in group.pids()
+    assert "CPU and memory limits are enforced" in hub.log.read_text()
+
+    token = hub.token_for("alice")
+    user_api = f"{hub.url}/user/alice/api"
+    kernel = httpx.post(f"{user_api}/kernels", headers={"Authorization": f"token {token}"}, json={}).json()
+    asyncio.run(_execute(f"{user_api}/kernels/{kernel['id']}/channels", token, ALLOCATE))
+    until(lambda: group.oom_kills() >= 1, "the kernel's 2 GiB was not stopped by the OOM killer", timeout=60)
+
+    assert (memory := group.memory_used()) is not None and memory < 768 * 1024**2
+    for user, server in servers.items():  # both servers, the hub, and the proxy still answer
+        status = httpx.get(f"{hub.url}/user/{user}/api/status", headers=_auth(hub, user))
+        assert status.status_code == 200, (user, status.text)
+        assert os.path.exists(f"/proc/{server['state']['pid']}")
+    for user in servers:
+        assert admin.delete(f"{hub.hub_api}/users/{user}/server").status_code in (202, 204)
+    until(lambda: not any(folder.exists() for folder in group.folders), "the server's group was not removed")
+
+
+def test_a_job_runs_in_a_group_of_its_own_and_past_its_memory_is_killed(hub: RunningHub) -> None:
+    user = job_user()
+    python, env = python_with_numpy()
+    service = httpx.Client(base_url=hub.service_api, headers=_auth(hub, user), timeout=30)
+    where = service.post(
+        "/jobs",
+        json={
+            "profile": "small",
+            "command": [*python, "-c", "print(open('/proc/self/cgroup').read())"],
+            "env": env,
+        },
+    )
+    hog = service.post("/jobs", json={"profile": "small", "command": [*python, "-c", ALLOCATE], "env": env})
+    assert where.status_code == hog.status_code == 201, (where.text, hog.text)
+
+    def ended(job: dict[str, Any]) -> dict[str, Any] | None:
+        model: dict[str, Any] = service.get(f"/jobs/{job['id']}").json()
+        return model if model["state"] in ("succeeded", "failed") else None
+
+    until(
+        lambda: ended(where.json()) is not None and ended(hog.json()) is not None, "the jobs did not end", 60
+    )
+    done = ended(where.json())
+    assert done is not None and done["state"] == "succeeded", done
+    log = service.get(f"/jobs/{done['id']}/logs").text
+    assert f"gpupool/job-{done['id']}-1" in log, log
+    killed = ended(hog.json())
+    assert killed is not None and killed["state"] == "failed", killed
+    assert killed["reason"].startswith("the kernel's OOM killer stopped it"), killed
+
+
+def _start(hub: RunningHub, admin: httpx.Client, user: str) -> dict[str, Any]:
+    response = admin.post(f"{hub.hub_api}/users/{user}/server", json={"profile": "small"})
+    assert response.status_code in (201, 202), response.text
+
+    def ready() -> dict[str, Any] | None:
+        server: dict[str, Any] | None = admin.get(f"{hub.hub_api}/users/{user}").json()["servers"].get("")
+        return server if server and server["ready"] else None
+
+    until(lambda: ready() is not None, f"{user}'s server did not start", timeout=60)
+    server = ready()
+    assert server is not None
+    hub.pids.add(int(server["state"]["pid"]))
+    return server
+
+
+def _auth(hub: RunningHub, user: str) -> dict[str, str]:
+    return {"Authorization": f"token {hub.tokens.get(user) or hub.token_for(user)}"}
+
+
+async def _execute(url: str, token: str, code: str) -> None:
+    """Send ``code`` to a kernel over Jupyter's websocket protocol, without waiting for a reply (the kernel
+    may be killed before it sends one)."""
+    request = HTTPRequest(url.replace("http", "ws", 1), headers={"Authorization": f"token {token}"})
+    connection = await websocket_connect(request)
+    session = uuid.uuid4().hex
+    header = {
+        "msg_id": uuid.uuid4().hex,
+        "username": "test",
+        "session": session,
+        "msg_type": "execute_request",
+        "version": "5.3",
+    }
+    content = {"code": code, "silent": False, "store_history": False, "allow_stdin": False}
+    message = {"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": "shell"}
+    await connection.write_message(json.dumps(message))
+    await asyncio.sleep(0.5)
+    connection.close()
