@@ -78,6 +78,10 @@ if settings.kubeconfig:
     c.KubeGPUSpawner.image = up.KUBE_LOCAL_IMAGE
     c.KubeGPUSpawner.service_url = settings.service_url
     c.KubeGPUSpawner.service_api_token = up.spawner_token(state)
+    if os.geteuid() == 0:
+        # the local cluster's simulated kubelet stands in for a container runtime and runs the pod's command as
+        # its own user, root on a root-only dev box or CI; a real cluster runs it as the image's user
+        c.KubeGPUSpawner.args = ["--allow-root"]
     if os.environ.get("GPUPOOL_PROFILES"):
         c.KubeGPUSpawner.profiles_file = os.environ["GPUPOOL_PROFILES"]
 

@@ -16,6 +16,7 @@ import yaml
 from kubernetes_validate.utils import latest_version, major_minor
 from traitlets.config import Config
 
+from gpupool.spawner.backends.simulated import DEMO_POOL
 from gpupool.spawner.hub import up
 from gpupool.spawner.kube import deploy
 from gpupool.spawner.kube.manifests import ManifestError, gpu_tolerations
@@ -160,6 +161,7 @@ def values() -> dict[str, Any]:
 def production_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
     """``hub_config/jupyterhub_config.py`` as JupyterHub loads it (it keeps a token in its working folder)."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GPUPOOL_POOL", str(DEMO_POOL))  # no GPU here: a simulated pool on purpose
     config = Config()
     source = (ROOT / "hub_config" / "jupyterhub_config.py").read_text()
     exec(compile(source, "jupyterhub_config.py", "exec"), {"get_config": lambda: config})
