@@ -6,6 +6,7 @@ As root only (a test group is made with ``groupadd``; CI runs as root).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from pathlib import Path
@@ -13,9 +14,12 @@ from types import SimpleNamespace
 
 import pytest
 from job_user import job_user
+from jupyterhub.services.auth import HubAuth
 from jupyterhub.spawner import SpawnException
+from token_hub import token_hub
 
 from gpupool.spawner.hub.spawner import LocalGPUSpawner
+from gpupool.spawner.service.api.auth import Authenticator
 from gpupool.spawner.system_groups import system_groups
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="as root only: the test makes a system group")
@@ -65,3 +69,15 @@ def _spawner(user: str, profiles: Path, **config: object) -> LocalGPUSpawner:
         service_url="http://127.0.0.1:9/services/gpupool/",
         **config,
     )
+
+
+def test_the_service_counts_a_callers_system_groups_when_told_to(member: str) -> None:
+    """What a job's profile and quota see: the service's ``GPUPOOL_SYSTEM_GROUPS`` (the production setting)."""
+    model = {"name": member, "kind": "user", "groups": ["training"], "scopes": ["access:services"]}
+    with token_hub({"member-token": model}) as api:
+        for counted in (True, False):
+            auth = Authenticator(
+                HubAuth(api_url=api, api_token="unused"), "gpupool", with_system_groups=counted
+            )
+            caller = asyncio.run(auth.identify("member-token"))
+            assert "training" in caller.groups and (GROUP in caller.groups) is counted
