@@ -42,8 +42,7 @@ log = logging.getLogger(__name__)
 
 
 class JobManager:
-    """Runs jobs on leases from ``leases``, recording each change in ``store`` first. ``job_runner`` is where
-    runs happen (default: a :class:`~.runner.LocalRunner` with ``home_root`` and ``account``)."""
+    """Runs jobs on ``leases`` in ``job_runner`` (default: a local one), recording each change in ``store``."""
 
     def __init__(
         self,
