@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,10 @@ class HostCgroups:
         if not self.enforced:
             return f"CPU and memory limits are not enforced on this host: {self.reason}"
         return f"CPU and memory limits are enforced with cgroup v{self.version} ({', '.join(map(str, self.parents))})"
+
+    def log(self, logger: logging.Logger, prefix: str = "") -> None:
+        """Say in ``logger``'s log whether limits hold: a warning when they do not."""
+        logger.log(logging.INFO if self.enforced else logging.WARNING, "%s%s", prefix, self.description())
 
     def group(self, name: str) -> Cgroup | None:
         """The group ``name`` (``server-<lease>``, ``job-<id>-<attempt>``), existing or not; None when limits

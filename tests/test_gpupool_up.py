@@ -95,12 +95,7 @@ def test_a_notebook_server_reaches_the_service_with_its_own_token(start: tuple[P
     tmp, port = start
     up = start_up(tmp, tmp / "state", port, extra_config(tmp))
     try:
-        with contextlib.closing(login(up)) as client:
-            token = api_token(client)
-        hub = httpx.Client(
-            base_url=f"{up.url}/hub/api", headers={"Authorization": f"token {token}"}, timeout=30
-        )
-        with contextlib.closing(hub):
+        with contextlib.closing(_demo_hub_api(up)) as hub:
             server = _start_demo_server(up, hub)
             environ = environ_of(int(server["state"]["pid"]))
             connection = Connection(environ=environ)
@@ -124,12 +119,7 @@ def test_as_root_the_demo_users_server_and_first_job_run_as_gpupool_demo_in_one_
     tmp, port = start
     up = start_up(tmp, tmp / "state", port, extra_config(tmp))
     try:
-        with contextlib.closing(login(up)) as client:
-            token = api_token(client)
-        hub = httpx.Client(
-            base_url=f"{up.url}/hub/api", headers={"Authorization": f"token {token}"}, timeout=30
-        )
-        with contextlib.closing(hub):
+        with contextlib.closing(_demo_hub_api(up)) as hub:
             account = pwd.getpwnam(DEMO_ACCOUNT)
             pid = int(_start_demo_server(up, hub)["state"]["pid"])
             assert _uids(pid) == {account.pw_uid}
@@ -156,6 +146,13 @@ def _uids(pid: int) -> set[int]:
         line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:")
     )
     return {int(uid) for uid in line.split()[1:]}
+
+
+def _demo_hub_api(up: Up) -> httpx.Client:
+    """A client of the hub's API with a token of the demo user, made after logging in as a browser does."""
+    with contextlib.closing(login(up)) as client:
+        token = api_token(client)
+    return httpx.Client(base_url=f"{up.url}/hub/api", headers={"Authorization": f"token {token}"}, timeout=30)
 
 
 def _start_demo_server(up: Up, hub: httpx.Client) -> dict[str, Any]:

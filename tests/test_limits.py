@@ -11,15 +11,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from hub_harness import GPU_SPAWNER, RunningHub, free_ports, write_hub_config
+from hub_harness import RunningHub
 from job_user import clean_home, job_user, python_with_numpy
 from polling import until
+from test_local_spawner import spawner_hub
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
@@ -29,9 +31,6 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="as root only: control groups are made by root (CI runs as root)"
 )
 
-ADMIN_TOKEN = "test-admin-token-limits-0123456789abcdef"
-HUB_CLIENT_TOKEN = "test-hub-client-token-limits-0123456789abcdef"
-ADMIN_SCOPES = ("admin:users", "admin:servers", "tokens", "custom:gpupool:admin", "access:services")
 POOL = "nodes:\n  - {name: box-01, cpu: 16, memory: 64GiB}\n"
 PROFILES = """
 profiles:
@@ -57,42 +56,25 @@ def test_a_process_past_its_memory_is_killed_and_its_cpu_quota_is_the_profiles()
         code = "x = bytearray(300 * 1024**2); print('survived')"
         result = _run_in(group.add, ["python3", "-c", code])
         assert result == -9 and group.oom_kills() >= 1
-        quota = [f for f in ("cpu.max", "cpu.cfs_quota_us") for d in group.folders if (d / f).exists()]
-        text = next((d / quota[0]).read_text() for d in group.folders if (d / quota[0]).exists())
-        assert text.split()[0] == str(1500 * CPU_PERIOD_US // 1000)
+        (quota,) = [d / f for d in group.folders for f in ("cpu.max", "cpu.cfs_quota_us") if (d / f).exists()]
+        assert quota.read_text().split()[0] == str(
+            1500 * CPU_PERIOD_US // 1000
+        )  # v2 "quota period", v1 quota
     finally:
         group.remove()
     assert not any(folder.exists() for folder in group.folders)
 
 
 def _run_in(preexec: Any, command: list[str]) -> int:
-    import subprocess
-
     return subprocess.run(command, preexec_fn=preexec, capture_output=True).returncode
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningHub]:
-    tmp = tmp_path_factory.mktemp("limits-hub")
-    (tmp / "pool.yaml").write_text(POOL)
-    (tmp / "profiles.yaml").write_text(PROFILES)
-    ports = free_ports()
-    write_hub_config(
-        tmp,
-        ports,
-        admin_token=ADMIN_TOKEN,
-        admin_scopes=ADMIN_SCOPES,
-        pool_file=tmp / "pool.yaml",
-        service_env={"GPUPOOL_PROFILES": str(tmp / "profiles.yaml")},
-        hub_client_token=HUB_CLIENT_TOKEN,
-        spawner_class=GPU_SPAWNER,
-        spawn_timeout=60,
-        extra_config=[f"c.SimpleLocalGPUSpawner.profiles_file = {str(tmp / 'profiles.yaml')!r}"],
+    users = ("alice", "bob", job_user())
+    yield from spawner_hub(
+        tmp_path_factory.mktemp("limits-hub"), users, pool=POOL, profiles=PROFILES, spawn_timeout=60
     )
-    with RunningHub(tmp, ports, ADMIN_TOKEN, fail=pytest.fail) as running:
-        for name in ("alice", "bob", job_user()):
-            running.create_user(name)
-        yield running
     clean_home(job_user())
 
 

@@ -67,9 +67,20 @@ def spawner_hub(
     users: Iterable[str],
     service_env: Mapping[str, str] | None = None,
     extra_config: Iterable[str] = (),
+    *,
+    pool: str = POOL,
+    profiles: str | None = None,
+    spawn_timeout: int = 30,
 ) -> Iterator[Hub]:
-    """The running hub of this module (also ``test_reconcile``'s) on ``POOL``, with ``users`` created."""
-    (tmp / "pool.yaml").write_text(POOL)
+    """The running hub of this module (also ``test_reconcile``'s and ``test_limits``') on ``pool``, with
+    ``users`` created; ``profiles`` (a profiles file's text) for the spawner and the service alike."""
+    (tmp / "pool.yaml").write_text(pool)
+    service_env = dict(service_env or {})
+    extra_config = list(extra_config)
+    if profiles is not None:
+        (tmp / "profiles.yaml").write_text(profiles)
+        service_env["GPUPOOL_PROFILES"] = str(tmp / "profiles.yaml")
+        extra_config.append(f"c.SimpleLocalGPUSpawner.profiles_file = {str(tmp / 'profiles.yaml')!r}")
     ports = free_ports()
     write_hub_config(
         tmp,
@@ -80,6 +91,7 @@ def spawner_hub(
         service_env=service_env,
         hub_client_token=HUB_CLIENT_TOKEN,
         spawner_class=GPU_SPAWNER,
+        spawn_timeout=spawn_timeout,
         extra_config=[*SPAWNER_CONFIG, *extra_config],
     )
     with RunningHub(tmp, ports, ADMIN_TOKEN, fail=pytest.fail) as hub:

@@ -37,13 +37,11 @@ class Account:
 def ensure_account(name: str = DEMO_ACCOUNT, home: Path = DEMO_HOME) -> tuple[Account, bool]:
     """The account ``name``, made with ``useradd`` when missing (no password, no login shell); True when it
     was made now. Its home exists, is its own and is private whether or not it was just made."""
-    made = False
-    try:
-        entry = pwd.getpwnam(name)
-    except KeyError:
+    entry = _entry(name)
+    made = entry is None
+    if entry is None:
         _useradd(name, home)
         entry = pwd.getpwnam(name)
-        made = True
     if entry.pw_uid == 0:
         raise AccountError(f"the account {name} is a root account (uid 0); user code never runs as root")
     homes = Path(entry.pw_dir)
@@ -68,13 +66,12 @@ def _useradd(name: str, home: Path) -> None:
         capture_output=True,
         text=True,
     )
-    if result.returncode != 0 and not _exists(name):  # another start may have made it meanwhile
+    if result.returncode != 0 and _entry(name) is None:  # another start may have made it meanwhile
         raise AccountError(f"could not create the system account {name}: {result.stderr.strip()}")
 
 
-def _exists(name: str) -> bool:
+def _entry(name: str) -> pwd.struct_passwd | None:
     try:
-        pwd.getpwnam(name)
+        return pwd.getpwnam(name)
     except KeyError:
-        return False
-    return True
+        return None

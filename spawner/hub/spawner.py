@@ -130,9 +130,7 @@ def host_cgroups_once() -> HostCgroups:
     """This host's control groups, looked at (and gpupool's folders made) once per hub, saying in the log
     whether limits hold."""
     cgroups = this_host()
-    logging.getLogger("JupyterHub").log(
-        logging.INFO if cgroups.enforced else logging.WARNING, "gpupool: %s", cgroups.description()
-    )
+    cgroups.log(logging.getLogger("JupyterHub"), "gpupool: ")
     return cgroups
 
 

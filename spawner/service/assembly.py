@@ -142,8 +142,7 @@ def assemble(settings: ServiceSettings) -> Service:
         job_runner=kube_job_runner(kube, settings) if kube is not None else None,
     )
     if kube is None:  # local jobs: say whether their CPU and memory limits hold here
-        cgroups = this_host()
-        log.log(logging.INFO if cgroups.enforced else logging.WARNING, "%s", cgroups.description())
+        this_host().log(log)
     parts = service_parts(settings, pool, manager, jobs)
     cluster = kube.follow(manager, parts.health) if kube is not None else None
     service = Service(settings, create_app(parts), parts, cluster)
