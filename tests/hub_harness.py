@@ -182,7 +182,7 @@ class RunningHub:
         service: bool = True,
         service_env: Mapping[str, str] | None = None,
         fail: Callable[[str], NoReturn] = _raise,
-        startup_timeout: float = 30,
+        startup_timeout: float = 60,
         stop_timeout: float = 20,
     ) -> None:
         self.tmp = tmp

@@ -17,13 +17,15 @@ LONGEST_S = 0.5
 
 
 def pauses(timeout: float) -> Iterator[None]:
-    """Yield until ``timeout`` seconds have passed, sleeping a little longer before each next yield."""
+    """Yield until ``timeout`` seconds have passed, sleeping a little longer before each next yield, and once
+    more at the deadline: a machine that stalled (a busy CI host, a paused VM) still gets its last look."""
     deadline = time.monotonic() + timeout
     pause = FIRST_S
     while time.monotonic() < deadline:
         yield
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 1.5, LONGEST_S)
+    yield
 
 
 def until(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
