@@ -50,4 +50,7 @@ if __name__ == "__main__":
     if len(sys.argv) < 2:
         raise SystemExit(f"usage: python -m {__spec__.name if __spec__ else 'orphans'} COMMAND [ARG…]")
     end_with_parent()
+    # A hub started in the background by a shell ignores SIGINT and its children inherit that, so JupyterHub's
+    # stop (SIGINT first, SIGTERM 10 s later) would wait out its whole grace period on each one.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.execvp(sys.argv[1], sys.argv[1:])

@@ -37,6 +37,7 @@ from gpupool.spawner.backends.simulated import DEMO_POOL
 from gpupool.spawner.hub.demo_account import DEMO_ACCOUNT
 from gpupool.spawner.hub.spawner import LocalGPUSpawner, SimpleLocalGPUSpawner
 from gpupool.spawner.hub.up import ENV, demo_password, embedded_config, prepare, spawner_token
+from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
 from gpupool.widgets import Connection, submit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,6 +166,28 @@ def _start_demo_server(up: Up, hub: httpx.Client) -> dict[str, Any]:
         time.sleep(0.2)
     ready: dict[str, Any] = server
     return ready
+
+
+def test_a_stopped_hub_returns_its_servers_leases_before_its_service_goes(start: tuple[Path, int]) -> None:
+    """JupyterHub stops its services before its servers; ``gpupool up`` stops the servers first, so each lease
+    goes back to the pool at once instead of failing and lingering until the next start."""
+    tmp, port = start
+    up = start_up(tmp, tmp / "state", port, extra_config(tmp))
+    try:
+        with contextlib.closing(_demo_hub_api(up)) as hub:
+            lease_id = _start_demo_server(up, hub)["state"]["gpupool_lease_id"]
+        up.process.send_signal(signal.SIGTERM)
+        assert up.process.wait(timeout=30) == 0, up.log_tail()
+    finally:
+        up.stop()
+    store = LeaseStore(sqlite_url(str(tmp / "state" / "gpupool.sqlite")))
+    try:
+        assert lease_id not in {lease.id for lease in store.active()}
+    finally:
+        store.close()
+    log = up.log.read_text()
+    assert "Stopping 1 single-user servers before the services" in log
+    assert "cannot reach the gpupool service" not in log
 
 
 def test_a_restart_keeps_the_password_and_both_databases(start: tuple[Path, int]) -> None:

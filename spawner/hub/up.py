@@ -285,8 +285,8 @@ class Prepared:
 
     @property
     def argv(self) -> list[str]:
-        """The same start as a command line of its own (``python -m jupyterhub …``)."""
-        return [sys.executable, "-m", "jupyterhub", *self.hub_args]
+        """The same start as a command line of its own (``python -m gpupool.spawner.hub.app …``)."""
+        return [sys.executable, "-m", "gpupool.spawner.hub.app", *self.hub_args]
 
 
 def prepare(
@@ -383,6 +383,6 @@ def run(prepared: Prepared) -> None:
     sys.stderr.flush()
     os.environ.clear()
     os.environ.update(prepared.env)  # before JupyterHub imports anything that reads it (KUBECONFIG)
-    from jupyterhub.app import main  # type: ignore[import-untyped]
+    from .app import main
 
     main(argv=prepared.hub_args)

@@ -1,0 +1,39 @@
+"""The JupyterHub application ``gpupool up`` runs: JupyterHub, with its users' servers stopped before its services.
+
+JupyterHub's shutdown stops the managed services first and the single-user servers after them. A gpupool
+server's stop hands its lease back to the gpupool service, which by then is gone: every release failed, was
+logged as such, and the leases stayed held until the next start's reconciliation. Stopping the servers first,
+while the service still answers, returns each lease at once. With ``cleanup_servers = False`` (the production
+configuration: servers outlive a hub restart) nothing changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from jupyterhub.app import JupyterHub  # type: ignore[import-untyped]
+
+
+class GpupoolHub(JupyterHub):  # type: ignore[misc]
+    """JupyterHub whose shutdown stops the users' servers while the gpupool service still runs."""
+
+    async def cleanup(self) -> None:
+        if self.cleanup_servers:
+            stopping = [
+                user.stop(name)
+                for user in self.users.values()
+                for name, spawner in list(user.spawners.items())
+                if spawner.active
+            ]
+            if stopping:
+                self.log.info("Stopping %i single-user servers before the services...", len(stopping))
+                for failure in await asyncio.gather(*stopping, return_exceptions=True):
+                    if isinstance(failure, Exception):
+                        self.log.error("Failed to stop a server: %s", failure)
+        await super().cleanup()  # the services, the proxy; no server is left active for it to stop
+
+
+main = GpupoolHub.launch_instance
+
+if __name__ == "__main__":
+    main()
