@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint typecheck pytest bench clean kube-build kube-up
+.PHONY: run test test-fast lint typecheck pytest bench clean kube-build kube-up install uninstall
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,15 @@ run: $(STAMP)
 	$(BIN)/gpupool up
 
 test: lint typecheck pytest
+
+# As root, for a lab's own server (README, "One server"): /opt/gpupool, /etc/gpupool, /var/lib/gpupool and the
+# systemd unit gpupool.service. SIMULATED=1 serves the simulated pool, for a machine without GPUs.
+install: $(STAMP)
+	$(BIN)/gpupool install $(if $(SIMULATED),--simulated)
+
+# PURGE=1 removes /etc/gpupool and /var/lib/gpupool too.
+uninstall: $(STAMP)
+	$(BIN)/gpupool uninstall $(if $(PURGE),--purge)
 
 lint: $(STAMP)
 	$(BIN)/ruff check spawner widgets tests benchmarks hub_config

@@ -1,9 +1,10 @@
 """Production JupyterHub configuration for one multi-GPU server whose users have system accounts.
 
-Run it as root (the spawner starts each server as its user) from the hub's state folder, as a systemd unit
-with ``WorkingDirectory=/srv/jupyterhub``::
+``gpupool install`` (README, "One server") copies it to ``/etc/gpupool/jupyterhub_config.py`` and installs the
+unit ``gpupool.service``, which runs it as root (the spawner starts each server as its user) from the state
+folder ``/var/lib/gpupool``, with ``/etc/gpupool/environment`` read first::
 
-    jupyterhub -f /path/to/hub_config/jupyterhub_config.py
+    cd /var/lib/gpupool && /opt/gpupool/env/bin/jupyterhub -f /etc/gpupool/jupyterhub_config.py
 
 What differs from the embedded demo (``gpupool up``): users log in with their system passwords (PAM) and
 servers run as them (``LocalGPUSpawner``), the pool is this host's GPUs through NVML, the profiles file is
@@ -22,8 +23,8 @@ from gpupool.spawner.orphans import parent_environment
 c = get_config()  # type: ignore[name-defined]  # noqa: F821  (JupyterHub provides it)
 
 STATE = Path.cwd()  # databases, cookie secret and tokens live beside each other, readable by root only
-PROFILES = os.environ.get("GPUPOOL_PROFILES", "/etc/jupyterhub/gpupool-profiles.yaml")  # EDIT
-QUOTAS = os.environ.get("GPUPOOL_QUOTAS", "/etc/jupyterhub/gpupool-quotas.yaml")  # EDIT (see quotas.yaml)
+PROFILES = os.environ.get("GPUPOOL_PROFILES", "/etc/gpupool/profiles.yaml")  # EDIT
+QUOTAS = os.environ.get("GPUPOOL_QUOTAS", "/etc/gpupool/quotas.yaml")  # EDIT (see quotas.yaml)
 ADMINS = {"root"}  # EDIT: who administers the hub and sees every lease
 USERS_GROUP = "gpu-users"  # EDIT: the system group whose members may log in
 

@@ -1,5 +1,5 @@
-"""The ``gpupool`` command: run the hub, read a pool, check MIG layouts, benchmark placement policies,
-submit and follow training jobs, and print the service's Kubernetes manifests."""
+"""The ``gpupool`` command: run the hub, install it for a host's users, read a pool, check MIG layouts,
+benchmark placement policies, submit and follow training jobs, and print the service's Kubernetes manifests."""
 
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from .backends.simulated import PoolFileError
     from .bench.trace import TraceError
     from .files.quotas_file import QuotaFileError
+    from .hub.install import InstallError
+    from .hub.user_environment import UserEnvironmentError
     from .kube.manifests import ManifestError
     from .pool import mig
     from .pool.profiles import ProfileError
@@ -57,6 +59,8 @@ def _user_errors() -> tuple[type[Exception], ...]:
         ProfileError,
         QuotaFileError,
         ManifestError,
+        InstallError,
+        UserEnvironmentError,
     )
 
 
@@ -94,6 +98,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     _add_kube(commands)
     _job_commands().add_job_commands(commands)
     _admin_commands().add_admin_commands(commands)
+    importlib.import_module("gpupool.spawner.hub.install").add_install_commands(commands)
     return parser
 
 

@@ -64,6 +64,14 @@ def ensure_user_environment(
             f"{account.name} cannot run this Python ({sys.executable}), and there is no gpupool checkout to build "
             f"an environment from: install gpupool where every account can run it"
         )
+    return build_environment(account, source, prefix, say)
+
+
+def build_environment(
+    account: Account, source: Path, prefix: Path, say: Callable[[str], None] = print
+) -> UserEnvironment:
+    """The environment at ``prefix`` with gpupool from the checkout ``source``: built, or brought up to date
+    first, then checked by importing what servers and jobs import as ``account``."""
     wanted = {"source": _source_digest(source), "pins": _pins()}
     prefix.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
     with _locked(prefix.parent / f".{prefix.name}.lock"):
@@ -72,7 +80,7 @@ def ensure_user_environment(
         if python.exists() and built == wanted:
             return UserEnvironment(python.parent)
         if not python.exists() or built.get("pins") != wanted["pins"]:
-            say(f"gpupool: building a Python environment {account.name} can run, in {prefix} (once; pip)")
+            say(f"gpupool: building a Python environment every account can run, in {prefix} (once; pip)")
             shutil.rmtree(prefix, ignore_errors=True)
             _run([_base_python(account), "-m", "venv", str(prefix)])
             _run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
