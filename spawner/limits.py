@@ -8,7 +8,8 @@ own, made by root before the process starts and joined before the process gives 
   ``/sys/fs/cgroup/gpupool/<name>`` (the controllers enabled on the way down);
 - cgroup v1: ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes`` where swap is accounted) and
   ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``, in ``gpupool/<name>`` below this process's own cgroup of
-  each of the ``memory`` and ``cpu`` hierarchies.
+  each of the ``memory`` and ``cpu`` hierarchies (and ``cpuacct``, which counts CPU time, where it is mounted
+  apart from ``cpu``).
 
 Past its memory the kernel's OOM killer ends a process of that group, not the hub or another user's work.
 Where neither hierarchy can be written (not root, a read-only ``/sys/fs/cgroup``), :func:`host_cgroups` says
@@ -72,6 +73,18 @@ class Cgroup:
                     return int((folder / name).read_text())
         return None
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time the group's processes have used, children that ended included; None when not counted."""
+        for folder in self.folders:
+            with contextlib.suppress(OSError, ValueError):
+                return int((folder / "cpuacct.usage").read_text()) / 1e9
+            with contextlib.suppress(OSError, ValueError):
+                for line in (folder / "cpu.stat").read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "usage_usec":
+                        return int(value) / 1e6
+        return None
+
     def oom_kills(self) -> int:
         """How often the kernel's OOM killer has ended one of the group's processes."""
         for folder in self.folders:
@@ -131,12 +144,22 @@ class HostCgroups:
             _write(folder / "memory.swap.max", "0", optional=True)
             _write(folder / "cpu.max", f"{limits.cpu_quota_us} {CPU_PERIOD_US}")
         else:
-            memory, cpu = group.folders
+            memory, cpu, *_ = group.folders  # then cpuacct, where it is a hierarchy of its own
             _write(memory / "memory.limit_in_bytes", str(limits.memory_bytes))
             _write(memory / "memory.memsw.limit_in_bytes", str(limits.memory_bytes), optional=True)
             _write(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))
             _write(cpu / "cpu.cfs_quota_us", str(limits.cpu_quota_us))
         return group
+
+
+def server_group(lease_id: str) -> str:
+    """The name of the group a server holding lease ``lease_id`` runs in."""
+    return f"server-{lease_id}"
+
+
+def job_group(job_id: str, attempt: int) -> str:
+    """The name of the group attempt ``attempt`` of job ``job_id`` runs in (each attempt starts afresh)."""
+    return f"job-{job_id}-{attempt}"
 
 
 @functools.cache
@@ -176,7 +199,10 @@ def _unified(root: Path) -> HostCgroups:
 def _legacy(root: Path) -> HostCgroups:
     own = _own_v1_paths()
     parents = []
-    for controller in ("memory", "cpu"):
+    controllers = ["memory", "cpu"]
+    if (root / "cpuacct").is_dir() and (root / "cpuacct").resolve() != (root / "cpu").resolve():
+        controllers.append("cpuacct")
+    for controller in controllers:
         parent = root / controller / own.get(controller, "/").lstrip("/") / GROUP
         parent.mkdir(exist_ok=True)
         parents.append(parent)

@@ -119,7 +119,8 @@ def test_the_monitor_labels_simulated_numbers_and_says_when_there_is_no_gpu() ->
 
 
 class _Service:
-    """A stand-in :class:`Connection`: the answers of a service with one leased GPU and no warnings API."""
+    """A stand-in :class:`Connection`: the answers of a service with one leased GPU, no warnings API and a
+    server using 2.5 of its 16 cores and 3 of its 128 GiB."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -139,6 +140,14 @@ class _Service:
             return {"summary": {"whole_gpus_free": 3, "mig_slices_free": {}, "shared_milli_free": 0}}
         if path == "warnings":
             raise GpupoolError(404, "not_found", "Not Found")
+        if path == "leases/L1/resources":
+            return {
+                "limits_by": "cgroup",
+                "cpu_limit": 16.0,
+                "memory_limit_mib": 131072,
+                "cpu_used": 2.5,
+                "memory_used_mib": 3072.0,
+            }
         raise AssertionError(path)
 
     def close(self) -> None:
@@ -156,6 +165,7 @@ def test_the_widget_shows_only_its_lease_s_device_and_asks_only_for_new_samples(
         assert "GPU-5" in html and "MIG-1" not in html
         assert "55%" in html and "300 W / 700 W" in html and "simulated" in html
         assert "3 whole GPUs" in html
+        assert "CPU 2.5 of 16 cores · memory 3.0 of 128.0 GiB" in html
         telemetry = [params for path, params in service.calls if path == "telemetry"]
         assert telemetry == [{}, {"since": 102.0}]
         assert len(monitor.samples["GPU-5"]) == 2

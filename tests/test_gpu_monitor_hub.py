@@ -134,6 +134,8 @@ def test_a_notebook_shows_gpu_monitor_with_live_values_for_its_leased_gpu(
     assert re.search(VALUE.format("Temperature", r"\d+ °C"), shown), shown
     assert re.search(VALUE.format("Power", r"\d+ W / \d+ W"), shown), shown
     assert "Pool free now:" in shown and shown.count('class="gpupool-card-title"') == 1
+    # the profile's CPU and memory; no server runs on this lease, so no use is known ("–")
+    assert re.search(r"CPU – of 16 cores · memory – of 128\.0 GiB", shown), shown
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import os
 import subprocess
 import uuid
@@ -25,7 +26,7 @@ from test_local_spawner import spawner_hub
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
-from gpupool.spawner.limits import CPU_PERIOD_US, Limits, this_host
+from gpupool.spawner.limits import CPU_PERIOD_US, Limits, server_group, this_host
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="as root only: control groups are made by root (CI runs as root)"
@@ -84,7 +85,7 @@ def test_a_kernel_past_its_servers_memory_is_killed_while_the_hub_and_others_car
     admin = hub.admin()
     servers = {user: _start(hub, admin, user) for user in ("alice", "bob")}
     alice = servers["alice"]
-    group = this_host().group(f"server-{alice['state']['gpupool_lease_id']}")
+    group = this_host().group(server_group(alice["state"]["gpupool_lease_id"]))
     assert group is not None and int(alice["state"]["pid"]) in group.pids()
     assert "CPU and memory limits are enforced" in hub.log.read_text()
 
@@ -133,6 +134,37 @@ def test_a_job_runs_in_a_group_of_its_own_and_past_its_memory_is_killed(hub: Run
     killed = ended(hog.json())
     assert killed is not None and killed["state"] == "failed", killed
     assert killed["reason"].startswith("the kernel's OOM killer stopped it"), killed
+
+
+def test_a_server_shows_its_cpu_and_memory_against_its_profiles_limits(hub: RunningHub) -> None:
+    """What GpuMonitor and the dashboard read: a kernel that spins and holds 300 MiB shows about a core of the
+    profile's one and about 300 MiB of its 768, read from the server's own group."""
+    admin = hub.admin()
+    server = _start(hub, admin, "bob")
+    lease_id = server["state"]["gpupool_lease_id"]
+    token = hub.token_for("bob")
+    user_api = f"{hub.url}/user/bob/api"
+    kernel = httpx.post(f"{user_api}/kernels", headers={"Authorization": f"token {token}"}, json={}).json()
+    busy = "x = bytearray(300 * 1024**2)\nimport time\nend = time.time() + 60\nwhile time.time() < end: pass"
+    asyncio.run(_execute(f"{user_api}/kernels/{kernel['id']}/channels", token, busy))
+    service = httpx.Client(base_url=hub.service_api, headers={"Authorization": f"token {token}"}, timeout=10)
+    seen: dict[str, Any] = {}
+
+    def busy_and_holding() -> bool:
+        seen.update(service.get(f"/leases/{lease_id}/resources").json())
+        return (seen["cpu_used"] or 0) > 0.6 and (seen["memory_used_mib"] or 0) > 300
+
+    until(busy_and_holding, f"the server's use did not show: {seen}", timeout=60)
+    assert (seen["limits_by"], seen["cpu_limit"], seen["memory_limit_mib"]) == ("cgroup", 1.0, 768)
+    assert seen["cpu_used"] < 1.2 and seen["memory_used_mib"] < 768  # the quota and the limit hold
+    other = httpx.get(f"{hub.service_api}/leases/{lease_id}/resources", headers=_auth(hub, "alice"))
+    assert other.status_code == 403  # another user's server is not theirs to watch
+    page = admin.get(f"{hub.url}/services/gpupool/").text  # the admin dashboard's row for it
+    row = re.search(
+        rf"<tr><td>bob[^<]*</td><td>small</td><td>([^<]*)</td><td>([^<]*)</td><td>{lease_id}</td>", page
+    )
+    assert row and row.group(1).endswith(" of 1") and row.group(2).endswith(" of 0.8"), page
+    assert admin.delete(f"{hub.hub_api}/users/bob/server").status_code in (202, 204)
 
 
 def _start(hub: RunningHub, admin: httpx.Client, user: str) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 A server that gpupool spawned has ``GPUPOOL_LEASE_ID`` in its environment; the monitor reads that lease's
 devices (whole GPUs, MIG slices, GPU shares), then every ``refresh`` seconds the service's recent samples of
-them (``GET telemetry``, only the new ones), what the pool has free (``GET pool``) and any pending idle
-warning (:func:`fetch_warnings`). Each card shows utilisation, memory, temperature and power, each with a
+them (``GET telemetry``, only the new ones), what the pool has free (``GET pool``), any pending idle
+warning (:func:`fetch_warnings`) and the server's CPU and memory against its profile's limits
+(:func:`fetch_resources`). Each card shows utilisation, memory, temperature and power, each with a
 sparkline of the last ten minutes; a metric the device cannot report reads "N/A", never 0. Numbers from the
 simulated backend are labelled "simulated".
 
@@ -179,6 +180,32 @@ def warning_lines(warnings: Iterable[Mapping[str, Any]], *, now: float, lease_id
     return "".join(lines)
 
 
+def resources_line(resources: Mapping[str, Any] | None) -> str:
+    """The server's CPU and memory against its profile's limits, from ``GET leases/{id}/resources``:
+    "CPU 1.2 of 4 cores · memory 3.1 of 16.0 GiB"; a dash where the use is not known (yet)."""
+    if not resources:
+        return ""
+    cpu = resources.get("cpu_used")
+    memory = resources.get("memory_used_mib")
+    used_cpu = "–" if cpu is None else f"{cpu:.1f}"
+    used_memory = "–" if memory is None else f"{memory / 1024:.1f}"
+    held_by = {"kubernetes": " (limits held by Kubernetes)", "none": " (limits not enforced on this host)"}
+    return (
+        f"CPU {used_cpu} of {resources['cpu_limit']:g} cores · memory {used_memory} of "
+        f"{resources['memory_limit_mib'] / 1024:.1f} GiB{held_by.get(str(resources.get('limits_by')), '')}"
+    )
+
+
+async def fetch_resources(connection: Connection, lease_id: str) -> dict[str, Any] | None:
+    """``GET leases/{id}/resources``; None from a service that has no such route (an older one)."""
+    try:
+        return dict(await connection.acall("GET", f"leases/{lease_id}/resources"))
+    except GpupoolError as error:
+        if error.status in (404, 405):
+            return None
+        raise
+
+
 def monitor_html(
     devices: Sequence[Mapping[str, Any]] | None,
     samples: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -188,6 +215,7 @@ def monitor_html(
     pool_line: str = "",
     warnings: str = "",
     message: str = "",
+    host_line: str = "",
 ) -> str:
     """The whole monitor: the simulated label, warnings, one card per device, the pool line, a message.
     ``devices`` None: not known yet (no answer from the service so far), so no cards and no "no GPU"."""
@@ -199,6 +227,7 @@ def monitor_html(
     return (
         f'<style>{_CSS}</style><div class="gpupool-monitor-body">{head}{warnings}'
         f'<div class="gpupool-cards">{cards}</div>'
+        f'<div class="gpupool-host">{html.escape(host_line)}</div>'
         f'<div class="gpupool-pool">{html.escape(pool_line)}</div>{note}</div>'
     )
 
@@ -224,6 +253,10 @@ async def fetch_warnings(connection: Connection) -> list[dict[str, Any]]:
         raise
     items = answer.get("warnings", []) if isinstance(answer, dict) else answer
     return [dict(item) for item in items if isinstance(item, Mapping)]
+
+
+async def _nothing() -> None:
+    return None
 
 
 class GpuMonitor(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
@@ -293,26 +326,28 @@ class GpuMonitor(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
 
     async def update(self) -> None:
         """Read the lease, new samples, the pool and warnings once, and show them (or what went wrong)."""
-        message = pool_line = warnings = ""
+        message = pool_line = warnings = host_line = ""
         try:
             # a granted lease never changes its devices; a queued one, or "all my leases", may
             if not self.devices or not self.lease_id:
                 self.devices = await self._lease_devices()
             params = {"since": self._since} if self._since is not None else {}
-            telemetry, pool, pending = await asyncio.gather(
+            telemetry, pool, pending, resources = await asyncio.gather(
                 self.connection.acall("GET", "telemetry", params=params),
                 self.connection.acall("GET", "pool"),
                 fetch_warnings(self.connection),
+                fetch_resources(self.connection, self.lease_id) if self.lease_id else _nothing(),
             )
             self._take_samples(telemetry)
+            host_line = resources_line(resources)
             pool_line = pool_free_line(pool.get("summary", {}))
             warnings = warning_lines(pending, now=time.time(), lease_id=self.lease_id)
         except GpupoolError as error:
             message = str(error)
-        self._show(message, pool_line, warnings)
+        self._show(message, pool_line, warnings, host_line)
         self.updates += 1
 
-    def _show(self, message: str, pool_line: str = "", warnings: str = "") -> None:
+    def _show(self, message: str, pool_line: str = "", warnings: str = "", host_line: str = "") -> None:
         self.view.value = monitor_html(
             self.devices,
             {u: list(s) for u, s in self.samples.items()},
@@ -321,6 +356,7 @@ class GpuMonitor(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             pool_line=pool_line,
             warnings=warnings,
             message=message,
+            host_line=host_line,
         )
 
     def _replaced(self) -> None:

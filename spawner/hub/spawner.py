@@ -29,7 +29,7 @@ from traitlets import Bool, Unicode, default
 
 from ..device_env import lease_env
 from ..files.profiles_file import read_profiles
-from ..limits import Cgroup, HostCgroups, Limits, this_host
+from ..limits import Cgroup, HostCgroups, Limits, server_group, this_host
 from ..system_groups import system_groups as groups_on_host
 from . import form
 from .leasing import GpuLeasing, check_user_options
@@ -95,7 +95,7 @@ class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner):  # type: ignore[misc]  #
         super().apply_lease(lease)
         profile = self.resolve_profile()
         self._cgroup = host_cgroups_once().create(
-            _group_name(str(lease["id"])), Limits(profile.cpu_milli, profile.memory_mib)
+            server_group(str(lease["id"])), Limits(profile.cpu_milli, profile.memory_mib)
         )
 
     def make_preexec_fn(self, name: str) -> Callable[[], None]:
@@ -117,7 +117,7 @@ class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner):  # type: ignore[misc]  #
 
     async def stop(self, now: bool = False) -> None:
         """Stop the server and release its lease, then remove its control group."""
-        group = host_cgroups_once().group(_group_name(self.lease_id)) if self.lease_id else None
+        group = host_cgroups_once().group(server_group(self.lease_id)) if self.lease_id else None
         try:
             await super().stop(now=now)
         finally:
@@ -132,10 +132,6 @@ def host_cgroups_once() -> HostCgroups:
     cgroups = this_host()
     cgroups.log(logging.getLogger("JupyterHub"), "gpupool: ")
     return cgroups
-
-
-def _group_name(lease_id: str) -> str:
-    return f"server-{lease_id}"
 
 
 def _profile_from_formdata(formdata: Mapping[str, list[str]]) -> dict[str, Any]:

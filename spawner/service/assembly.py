@@ -43,6 +43,7 @@ from .store.health_store import HealthStore
 from .store.job_store import JobStore
 from .store.lease_store import LeaseStore
 from .store.usage_store import UsageStore
+from .telemetry.host_usage import HostUsage
 from .telemetry.telemetry_loop import Telemetry, make_sampler
 
 if TYPE_CHECKING:
@@ -204,6 +205,7 @@ def service_parts(
         prefix=settings.service_prefix,
         public_metrics=settings.metrics_public,
         login=login,
+        host_usage=HostUsage(this_host()) if pool.backend != "kubernetes" else None,
     )
 
 

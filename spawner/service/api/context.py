@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Header, HTTPException, Request, status
 
+from ...limits import job_group, server_group
 from ...names import API_PATH
+from ...pool.leases import Lease, LeaseState
 from ...pool.profiles import Profile, fits_pool
 from ...telemetry.activity import ActivityTracker
 from ..jobs.job_manager import JobManager
@@ -22,6 +24,7 @@ from ..leasing.culls import Culls
 from ..leasing.health import HealthKeeper
 from ..leasing.lease_manager import LeaseManager
 from ..store.usage_store import UsageStore
+from ..telemetry.host_usage import HostUsage, HostUse
 from ..telemetry.telemetry_loop import Telemetry
 from .auth import Authenticator, Caller
 
@@ -46,6 +49,7 @@ class ServiceParts:
     source: str  # the pool file or cluster it was read from, shown in GET pool and on the pages
     prefix: str  # the service's URL prefix, "/services/gpupool/"
     public_metrics: bool = False
+    host_usage: HostUsage | None = None  # servers' and jobs' CPU and memory; None on Kubernetes
     login: "BrowserLogin | None" = None  # the pages' OAuth login; None: the pages take tokens only
     idle_after: float = 60.0  # the dashboard lists a held device as idle after this many seconds
     clock: Callable[[], float] = field(default=time.time)
@@ -54,6 +58,25 @@ class ServiceParts:
     def api_base(self) -> str:
         """Where the API's routes live: ``/services/gpupool/api/v1``."""
         return "/" + self.prefix.strip("/") + "/" + API_PATH
+
+    def host_use(self, lease: Lease) -> HostUse | None:
+        """What ``lease``'s server or job uses of its CPU and memory; None on Kubernetes (the kubelet's to
+        tell)."""
+        if self.host_usage is None:
+            return None
+        return self.host_usage.of(lease, self._run_group(lease))
+
+    def _run_group(self, lease: Lease) -> str | None:
+        """The control group of the server or job running on ``lease``; None when nothing runs on it."""
+        if lease.state is not LeaseState.GRANTED:
+            return None
+        if lease.owner_kind != "job":
+            return server_group(lease.id)
+        try:
+            job = self.jobs.get(lease.owner_name)
+        except LookupError:  # no such job (JobNotFound)
+            return None
+        return job_group(job.id, job.attempts) if job.lease_id == lease.id else None
 
     @cached_property
     def never_fits(self) -> dict[str, str | None]:

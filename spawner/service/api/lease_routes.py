@@ -18,7 +18,7 @@ from ...pool.profiles import find_profile
 from ..leasing.lease_manager import LeaseManager
 from .auth import Caller
 from .context import CallerDep, PartsDep, ServiceParts
-from .models import KubePlacement, LeaseOut, LeaseRequest, ProfileOut
+from .models import KubePlacement, LeaseOut, LeaseRequest, ProfileOut, ResourcesOut
 
 ANOTHER_USER = "another user"
 
@@ -100,6 +100,31 @@ async def list_leases(
 @router.get("/leases/{lease_id}", summary="One lease")
 async def get_lease(lease_id: str, parts: PartsDep, caller: CallerDep) -> LeaseOut:
     return lease_out(parts, _visible_lease(parts.manager, caller, lease_id))
+
+
+@router.get(
+    "/leases/{lease_id}/resources",
+    summary="CPU and memory the lease's server or job uses, against its limits",
+)
+async def get_lease_resources(lease_id: str, parts: PartsDep, caller: CallerDep) -> ResourcesOut:
+    lease = _visible_lease(parts.manager, caller, lease_id)
+    use = parts.host_use(lease)
+    if use is None:  # Kubernetes: the pod's limits hold; its use is the kubelet's to report
+        request = lease.request
+        return ResourcesOut(
+            limits_by="kubernetes",
+            cpu_limit=request.cpu_milli / 1000,
+            memory_limit_mib=request.memory_mib,
+            cpu_used=None,
+            memory_used_mib=None,
+        )
+    return ResourcesOut(
+        limits_by="cgroup" if use.enforced else "none",
+        cpu_limit=use.cpu_limit,
+        memory_limit_mib=use.memory_limit_mib,
+        cpu_used=None if use.cpu_used is None else round(use.cpu_used, 3),
+        memory_used_mib=None if use.memory_used_mib is None else round(use.memory_used_mib, 1),
+    )
 
 
 @router.delete("/leases/{lease_id}", summary="Release a lease; releasing twice changes nothing")

@@ -60,6 +60,21 @@ class KubePlacement(BaseModel):
     limits: dict[str, int] = Field(description="e.g. {'nvidia.com/mig-3g.40gb': 1}; the device plugin picks")
 
 
+class ResourcesOut(BaseModel):
+    """``GET leases/{id}/resources``: the CPU and memory a lease's server or job uses against its limits."""
+
+    limits_by: Literal["cgroup", "kubernetes", "none"] = Field(
+        description="what holds the server or job to its limits: this host's control groups, Kubernetes, or "
+        "nothing (the service cannot make control groups here)"
+    )
+    cpu_limit: float = Field(description="cores the profile gives")
+    memory_limit_mib: int = Field(description="memory the profile gives, MiB")
+    cpu_used: float | None = Field(
+        description="cores used since the previous reading of this lease; null on the first, or when unknown"
+    )
+    memory_used_mib: float | None = Field(description="memory in use now, MiB; null when unknown")
+
+
 class LeaseOut(BaseModel):
     id: str
     state: Literal["queued", "granted", "released"]

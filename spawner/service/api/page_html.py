@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..telemetry.host_usage import HostUse
+
 NA = "N/A"
 
 
@@ -175,6 +177,27 @@ def queue_table(queue: Sequence[QueuedLease]) -> str:
     return (
         '<table class="queue"><tr><th>#</th><th>user</th><th>profile</th><th>asks for</th><th>waiting</th>'
         f"<th>lease</th></tr>{rows}</table>"
+    )
+
+
+def host_table(rows: Sequence[tuple[str, str, str, HostUse]]) -> str:
+    """Per running server or job (holder, profile, lease, use): CPU and memory used against the limits."""
+    if not rows:
+        return "<p>No server or job runs.</p>"
+
+    def used(value: float | None, text: str) -> str:
+        return "–" if value is None else text
+
+    body = "".join(
+        f"<tr><td>{_e(who)}</td><td>{_e(profile)}</td>"
+        f"<td>{used(u.cpu_used, f'{u.cpu_used or 0:.1f}')} of {u.cpu_limit:g}</td>"
+        f"<td>{used(u.memory_used_mib, f'{(u.memory_used_mib or 0) / 1024:.1f}')} of "
+        f"{u.memory_limit_mib / 1024:.1f}</td><td>{_e(lease_id)}</td></tr>"
+        for who, profile, lease_id, u in rows
+    )
+    return (
+        '<table class="host"><tr><th>holder</th><th>profile</th><th>CPU cores used</th>'
+        f"<th>memory GiB used</th><th>lease</th></tr>{body}</table>"
     )
 
 

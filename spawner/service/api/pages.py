@@ -43,6 +43,7 @@ from .page_html import (
     QueuedLease,
     device_cell,
     heat_map,
+    host_table,
     idle_list,
     page,
     pool_tree,
@@ -248,8 +249,24 @@ def _admin_body(parts: ServiceParts, view: _View) -> str:
         + section("Utilisation", heat_map(view.pool, view.latest), "heat")
         + section(f"Held but idle ({view.note})", idle_list(view.idle, view.note), "idle")
         + section("Queue", queue_table(queue), "queue")
+        + _host_section(parts, view)
         + section("Pool", pool_tree(view.pool, users_of, view.latest), "pool")
     )
+
+
+def _host_section(parts: ServiceParts, view: _View) -> str:
+    """Each running server's and job's CPU and memory against its limits (not on Kubernetes: the kubelet's)."""
+    if parts.host_usage is None:
+        return ""
+    rows = [
+        (holder_name(lease), lease.profile, lease.id, use)
+        for lease in view.leases
+        if lease.state is LeaseState.GRANTED and (use := parts.host_use(lease)) is not None
+    ]
+    title = "CPU and memory" + (
+        "" if parts.host_usage.host.enforced else " (limits not enforced on this host)"
+    )
+    return section(title, host_table(rows), "host")
 
 
 def _user_body(parts: ServiceParts, view: _View, user: str) -> str:

@@ -21,7 +21,7 @@ import subprocess
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from ...limits import Limits, this_host
+from ...limits import Limits, job_group, this_host
 from ...pool.job_states import Job, JobState, StopRequest
 from ...pool.leases import Lease
 from . import processes
@@ -141,7 +141,9 @@ class LocalRunner:
             identity, job.id, job.job_dir, lease.visible_devices, job.env, attempt=job.attempts
         )
         request = lease.request
-        cgroup = this_host().create(_group_name(job), Limits(request.cpu_milli, request.memory_mib))
+        cgroup = this_host().create(
+            job_group(job.id, job.attempts), Limits(request.cpu_milli, request.memory_mib)
+        )
         started = processes.launch(
             identity, job.command, job.working_dir, job.job_dir, job.attempts, env, cgroup
         )
@@ -165,7 +167,7 @@ class LocalRunner:
 
     def outcome(self, job: Job) -> Outcome:
         code = processes.exit_status(job.job_dir, job.attempts, self._uid(job.user))
-        group = this_host().group(_group_name(job))
+        group = this_host().group(job_group(job.id, job.attempts))
         if code is not None and code != 0 and group is not None and group.oom_kills():
             return Outcome(
                 code, reason="the kernel's OOM killer stopped it: it used all the memory its profile gives"
@@ -179,7 +181,7 @@ class LocalRunner:
         process = self._processes.pop(job.id, None)
         if process is not None:
             process.poll()
-        group = this_host().group(_group_name(job))
+        group = this_host().group(job_group(job.id, job.attempts))
         if group is not None:
             group.remove()
 
@@ -205,10 +207,6 @@ def _exit_words(code: int) -> str:
         if code > 128:
             return f"the command was killed by {signal.Signals(code - 128).name} (exit status {code})"
     return f"the command exited with status {code}"
-
-
-def _group_name(job: Job) -> str:
-    return f"job-{job.id}-{job.attempts}"
 
 
 def _why_no_status(job: Job, returncode: int | None) -> str | None:
