@@ -119,6 +119,51 @@ def test_a_time_sliced_node_has_shared_gpus_and_grants_the_configured_shared_res
     }
 
 
+def test_a_me_slice_is_read_from_the_device_plugins_resource_name_and_granted_by_it() -> None:
+    """The device plugin serves ``1g.10gb+me`` as ``nvidia.com/mig-1g.10gb.me`` (``+`` is not allowed in a
+    resource name): read back as the profile, and asked for by that name."""
+    h100 = _with(
+        H100,
+        {"nvidia.com/mig.config": "custom"},
+        **{"nvidia.com__gpu": "7", "nvidia.com__mig-1g.10gb.me": "1", "nvidia.com__mig-3g.40gb": "1"},
+    )
+    node = parse_node(h100).node
+    assert sorted(m.profile for g in node.gpus for m in g.mig_instances) == ["1g.10gb+me", "3g.40gb"]
+    _legal(node)
+    slice_ = PoolState([node]).place(Request(0, 0, MigSlice(profile="1g.10gb+me")), "me")
+    assert isinstance(slice_, Allocation)
+    assert kube_grant(node, slice_.grants).limits == {"nvidia.com/mig-1g.10gb.me": 1}
+    usage = outside_use(node, {"nvidia.com/mig-1g.10gb.me": 1})
+    assert usage.mig == {"1g.10gb+me": 1}
+
+
+@pytest.mark.parametrize("strategy", ["time-slicing", "mps"])
+def test_shared_gpus_that_keep_the_name_nvidia_com_gpu_are_shares_never_whole_gpus(strategy: str) -> None:
+    """The device plugin's default (``renameByDefault: false``): 4 GPUs × 4 replicas are served as 16
+    ``nvidia.com/gpu`` with GFD's sharing labels and a ``-SHARED`` product; they are 4 shared A100s."""
+    labels = {
+        "nvidia.com/gpu.sharing-strategy": strategy,
+        "nvidia.com/gpu.replicas": "4",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-SHARED",
+    }
+    node = parse_node(_with(A100, labels, **{"nvidia.com__gpu": "16"})).node
+    assert [(g.product, g.mode, g.max_shares) for g in node.gpus] == [("A100-40GB", GpuMode.SHARED, 4)] * 4
+    pool = PoolState([node])
+    assert not isinstance(pool.place(Request(0, 0, WholeGpus(1)), "whole"), Allocation)
+    share = pool.place(Request(0, 0, GpuShare(250)), "share")
+    assert isinstance(share, Allocation)
+    assert kube_grant(node, share.grants).limits == {"nvidia.com/gpu": 1}  # one replica, by its real name
+    assert outside_use(node, {"nvidia.com/gpu": 3}) == OutsideUse(whole_gpus=0, mig={}, shares=3)
+
+
+def test_a_node_with_a_mig_profile_its_gpu_lacks_is_refused_naming_the_node() -> None:
+    odd = _with(
+        H100, {"nvidia.com/mig.config": "custom"}, **{"nvidia.com__gpu": "7", "nvidia.com__mig-5g.60gb": "1"}
+    )
+    with pytest.raises(NodeLabelError, match=r"node dgx-h100-01: .*5g\.60gb"):
+        parse_node(odd)
+
+
 @pytest.mark.parametrize(
     ("change", "said"),
     [

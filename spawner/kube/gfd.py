@@ -20,7 +20,26 @@ MIG_STRATEGY = "nvidia.com/mig.strategy"
 MIG_CONFIG = "nvidia.com/mig.config"
 MIG_CONFIG_STATE = "nvidia.com/mig.config.state"
 REPLICAS = "nvidia.com/gpu.replicas"
+SHARING_STRATEGY = "nvidia.com/gpu.sharing-strategy"  # time-slicing or mps, set by GFD on shared GPUs
+SHARED_SUFFIX = (
+    "-SHARED"  # on gpu.product when shared GPUs keep the name nvidia.com/gpu (renameByDefault: false)
+)
 STRATEGIES = ("none", "single", "mixed")
+
+
+def mig_resource(profile: str) -> str:
+    """The device plugin's resource for a MIG profile: a resource name cannot hold ``+``, so ``1g.10gb+me``
+    is served as ``nvidia.com/mig-1g.10gb.me`` (and ``+gfx`` as ``.gfx``)."""
+    return MIG_RESOURCE_PREFIX + profile.replace("+", ".")
+
+
+def mig_profile(resource: str) -> str | None:
+    """The MIG profile of a ``nvidia.com/mig-…`` resource (``1g.10gb.me`` -> ``1g.10gb+me``); None for others."""
+    if not resource.startswith(MIG_RESOURCE_PREFIX):
+        return None
+    name = resource[len(MIG_RESOURCE_PREFIX) :]
+    size, dot, attributes = name.partition("gb.")
+    return f"{size}gb+{attributes.replace('.', '+')}" if dot else name
 
 
 class NodeLabelError(ValueError):

@@ -12,7 +12,12 @@ What a node's labels and allocatable resources say, and what gpupool makes of it
   profile, on the remaining GPUs; ``single``: every GPU is split the same way and the instances are counted
   as ``nvidia.com/gpu``.
 - A time-sliced shared resource (``nvidia.com/gpu.shared`` by default) in allocatable makes the node's
-  non-MIG GPUs shared, each by ``allocatable / GPUs`` holders (the time-slicing replicas).
+  non-MIG GPUs shared, each by ``allocatable / GPUs`` holders (the time-slicing replicas). With the device
+  plugin's default ``renameByDefault: false`` there is no such resource: GFD's
+  ``nvidia.com/gpu.sharing-strategy`` (``time-slicing`` or ``mps``) says the GPUs are shared, and
+  ``nvidia.com/gpu`` then counts shares (``gpu.count`` × ``gpu.replicas``), never whole GPUs. Which name a
+  node's shares go by is kept in its ``gpupool.io/shared-resource`` label for :mod:`.resources`.
+- MIG profiles with attributes (``1g.10gb+me``) are served as ``nvidia.com/mig-1g.10gb.me``.
 
 Kubernetes counts MIG instances per node, not per GPU, and the NVIDIA device plugin, not gpupool, picks the
 physical device. So gpupool lays the counted instances onto the MIG GPUs in legal placements
@@ -29,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..pool import mig
 from ..pool.devices import Node
 from .gfd import (
     GPU_RESOURCE,
@@ -36,6 +42,7 @@ from .gfd import (
     MIG_RESOURCE_PREFIX,
     MIG_STRATEGY,
     SHARED_RESOURCE,
+    SHARING_STRATEGY,
     STRATEGIES,
     NodeLabelError,
     as_list,
@@ -47,6 +54,7 @@ from .node_gpus import node_gpus
 from .pod_usage import external_usage
 
 BACKEND_LABEL = "gpupool.io/backend"
+SHARES_LABEL = "gpupool.io/shared-resource"  # set by parse_node: the resource this node's GPU shares go by
 
 # Taints GPU nodes carry on purpose and gpupool's pods tolerate; any other NoSchedule/NoExecute taint keeps
 # new work off the node.
@@ -87,14 +95,27 @@ def parse_node(obj: Mapping[str, Any], *, shared_resource: str = SHARED_RESOURCE
         raise NodeLabelError(
             f"{where}: {MIG_STRATEGY} must be one of {', '.join(STRATEGIES)}, got {strategy!r}"
         )
+    shares = _shares_resource(labels, allocatable, shared_resource)
+    try:
+        gpus = node_gpus(name, labels, allocatable, strategy, shares)
+    except (mig.UnknownMigProfile, mig.NotMigCapable) as error:  # one odd node, not the whole pool
+        raise NodeLabelError(f"{where}: {error}") from None
     node = Node(
         name=name,
         cpu_milli=cpu_milli(allocatable.get("cpu", "0"), f"{where}: status.allocatable.cpu"),
         memory_mib=memory_mib(allocatable.get("memory", "0"), f"{where}: status.allocatable.memory"),
-        gpus=node_gpus(name, labels, allocatable, strategy, shared_resource),
-        labels=labels | {BACKEND_LABEL: "kubernetes"},
+        gpus=gpus,
+        labels=labels | {BACKEND_LABEL: "kubernetes", SHARES_LABEL: shares},
     )
     return KubeNode(node, strategy, node_problem(obj))
+
+
+def _shares_resource(labels: Mapping[str, str], allocatable: Mapping[str, str], configured: str) -> str:
+    """The resource a node's GPU shares go by: the configured one (``renameByDefault: true`` or a site's own
+    name), or ``nvidia.com/gpu`` itself when GFD says the GPUs are shared and no such resource is served."""
+    if labels.get(SHARING_STRATEGY) in ("time-slicing", "mps") and configured not in allocatable:
+        return GPU_RESOURCE
+    return configured
 
 
 def node_problem(obj: Mapping[str, Any]) -> str | None:

@@ -16,12 +16,13 @@ from .gfd import (
     GPU_RESOURCE,
     MEMORY,
     MIG_CONFIG,
-    MIG_RESOURCE_PREFIX,
     PRODUCT,
     REPLICAS,
+    SHARED_SUFFIX,
     NodeLabelError,
     device_count,
     label_version,
+    mig_profile,
 )
 from .mig_layout import lay_out, mig_geometry, name_instances, per_gpu
 
@@ -40,18 +41,22 @@ class _Allocatable:
         cls, where: str, allocatable: Mapping[str, str], strategy: str, shared_resource: str
     ) -> _Allocatable:
         mig = {
-            key[len(MIG_RESOURCE_PREFIX) :]: device_count(value, f"{where}: status.allocatable.{key}")
+            profile: device_count(value, f"{where}: status.allocatable.{key}")
             for key, value in allocatable.items()
-            if key.startswith(MIG_RESOURCE_PREFIX)
+            if (profile := mig_profile(key)) is not None
         }
+        shared = device_count(
+            allocatable.get(shared_resource, "0"), f"{where}: status.allocatable.{shared_resource}"
+        )
         return cls(
             mig={profile: n for profile, n in mig.items() if n > 0 and strategy == "mixed"},
-            whole=device_count(
+            # shared GPUs that kept the name nvidia.com/gpu are shares, not whole GPUs
+            whole=0
+            if shared_resource == GPU_RESOURCE
+            else device_count(
                 allocatable.get(GPU_RESOURCE, "0"), f"{where}: status.allocatable.{GPU_RESOURCE}"
             ),
-            shared=device_count(
-                allocatable.get(shared_resource, "0"), f"{where}: status.allocatable.{shared_resource}"
-            ),
+            shared=shared,
         )
 
 
@@ -90,6 +95,7 @@ class _GpuMaker:
                 for p in instances
             ),
             max_shares=shares,
+            shares_only=mode is GpuMode.SHARED,  # the device plugin serves it as replicas only
         )
 
 
@@ -106,6 +112,8 @@ def node_gpus(
                 f"{where}: allocatable GPU resources but no {PRODUCT} label; is GPU Feature Discovery running?"
             )
         return ()
+    if shared_resource == GPU_RESOURCE and raw_product.upper().endswith(SHARED_SUFFIX):
+        raw_product = raw_product[: -len(SHARED_SUFFIX)]  # the GPU's own name
     single_profile = None
     if strategy == "single" and "-MIG-" in raw_product.upper():
         single_profile = re.split(r"-MIG-", raw_product, flags=re.IGNORECASE)[1].lower()

@@ -12,8 +12,9 @@ from collections.abc import Iterable, Mapping
 
 from ..pool.devices import Node
 from ..pool.state import Grant, OutsideUse
+from .gfd import mig_profile, mig_resource
 from .grant import KubeGrant
-from .labels import GPU_RESOURCE, MIG_RESOURCE_PREFIX, MIG_STRATEGY, SHARED_RESOURCE
+from .labels import GPU_RESOURCE, MIG_STRATEGY, SHARED_RESOURCE, SHARES_LABEL
 
 
 class NotOnNode(ValueError):
@@ -25,8 +26,10 @@ def kube_grant(node: Node, grants: Iterable[Grant], *, shared_resource: str = SH
 
     Whole GPUs become ``nvidia.com/gpu: N``; a MIG instance ``nvidia.com/mig-<profile>: 1`` under the mixed
     strategy and ``nvidia.com/gpu: 1`` under the single one (where the slices are the node's ``nvidia.com/gpu``);
-    a share ``shared_resource: 1`` (one time-slicing replica).
+    a share ``shared_resource: 1`` (one time-slicing or MPS replica), or ``nvidia.com/gpu: 1`` on a node whose
+    shares kept that name.
     """
+    shared_resource = node.labels.get(SHARES_LABEL, shared_resource)
     profiles = {m.uuid: m.profile for g in node.gpus for m in g.mig_instances}
     gpus = {g.uuid for g in node.gpus}
     single = node.labels.get(MIG_STRATEGY) == "single"
@@ -35,7 +38,7 @@ def kube_grant(node: Node, grants: Iterable[Grant], *, shared_resource: str = SH
         if grant.kind == "mig":
             if grant.uuid not in profiles:
                 raise NotOnNode(f"grant {grant.uuid}: node {node.name} has no such MIG instance")
-            limits[GPU_RESOURCE if single else MIG_RESOURCE_PREFIX + profiles[grant.uuid]] += 1
+            limits[GPU_RESOURCE if single else mig_resource(profiles[grant.uuid])] += 1
         elif grant.kind in ("gpu", "share"):
             if grant.gpu_uuid not in gpus:
                 raise NotOnNode(f"grant {grant.uuid}: node {node.name} has no such GPU")
@@ -52,12 +55,14 @@ def outside_use(
     the pool's terms: ``nvidia.com/gpu`` is whole GPUs, or MIG instances of any profile under the single
     strategy; ``nvidia.com/mig-<profile>`` instances of that profile; the shared resource, GPU shares."""
     single = node.labels.get(MIG_STRATEGY) == "single"
-    gpus = usage.get(GPU_RESOURCE, 0)
+    shared_resource = node.labels.get(SHARES_LABEL, shared_resource)
+    shares = usage.get(shared_resource, 0)
+    gpus = 0 if shared_resource == GPU_RESOURCE else usage.get(GPU_RESOURCE, 0)  # there, they are shares
     mig = {
-        resource[len(MIG_RESOURCE_PREFIX) :]: count
+        profile: count
         for resource, count in usage.items()
-        if resource.startswith(MIG_RESOURCE_PREFIX) and count > 0
+        if (profile := mig_profile(resource)) is not None and count > 0
     }
     if single and gpus:
         mig["*"] = gpus
-    return OutsideUse(whole_gpus=0 if single else gpus, mig=mig, shares=usage.get(shared_resource, 0))
+    return OutsideUse(whole_gpus=0 if single else gpus, mig=mig, shares=shares)

@@ -51,6 +51,9 @@ class Gpu:
     mode: GpuMode = GpuMode.WHOLE
     mig_instances: tuple[MigInstance, ...] = ()
     max_shares: int | None = None  # SHARED mode: at most this many holders at once (None: only milli limits)
+    # SHARED mode: only ever handed out in shares, even when nobody holds one (on Kubernetes the device plugin
+    # serves a shared GPU as replicas; a request for one is a replica, never the whole GPU)
+    shares_only: bool = False
     health: Health = Health.HEALTHY
 
     @property

@@ -46,6 +46,8 @@ def _gpu_problems(ns: NodeState, position: int, grants: list[tuple[str, Grant]])
         problems.append(f"{where}: held whole by {whole} and also shared or sliced")
     if (shares and gpu.mode is not GpuMode.SHARED) or (slices and gpu.mode is not GpuMode.MIG):
         problems.append(f"{where}: a {gpu.mode.value} GPU is shared or sliced")
+    if whole and gpu.shares_only:
+        problems.append(f"{where}: held whole, though it is only ever handed out in shares")
     milli = FULL_MILLI * len(whole) + sum(g.milli for g in shares)
     if milli > FULL_MILLI:
         problems.append(f"{where}: {milli}/1000 milli handed out")

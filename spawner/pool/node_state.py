@@ -27,7 +27,8 @@ def gpu_kind_matches(gpu: Gpu, need: GpuNeed) -> bool:
         return gpu.mode is GpuMode.MIG
     if isinstance(need, GpuShare):
         return gpu.mode is GpuMode.SHARED and need.memory_mib <= gpu.memory_mib
-    return gpu.mode is not GpuMode.MIG and gpu.memory_mib >= need.min_memory_mib
+    whole_possible = gpu.mode is GpuMode.WHOLE or (gpu.mode is GpuMode.SHARED and not gpu.shares_only)
+    return whole_possible and gpu.memory_mib >= need.min_memory_mib
 
 
 def instance_matches(instance: MigInstance, need: MigSlice) -> bool:

@@ -13,7 +13,8 @@ from collections import Counter
 from typing import Any
 
 from ...pool.devices import GpuMode, Node
-from ..labels import GPU_RESOURCE, MIG_RESOURCE_PREFIX, SHARED_RESOURCE
+from ..gfd import mig_resource
+from ..labels import GPU_RESOURCE, SHARED_RESOURCE
 
 SIMULATED_LABEL = "gpupool.io/simulated"
 
@@ -71,7 +72,7 @@ def node_resources(node: Node) -> dict[str, str]:
         resources[GPU_RESOURCE] = str(whole)
     if shared:
         resources[SHARED_RESOURCE] = str(shared)
-    resources.update({f"{MIG_RESOURCE_PREFIX}{p}": str(n) for p, n in sorted(slices.items())})
+    resources.update({mig_resource(p): str(n) for p, n in sorted(slices.items())})
     return resources
 
 
@@ -120,5 +121,5 @@ def node_devices(node: Node) -> dict[str, list[str]]:
         elif gpu.mode is GpuMode.SHARED:
             devices.setdefault(SHARED_RESOURCE, []).extend([gpu.uuid] * (gpu.max_shares or 4))
         for instance in gpu.mig_instances:
-            devices.setdefault(f"{MIG_RESOURCE_PREFIX}{instance.profile}", []).append(instance.uuid)
+            devices.setdefault(mig_resource(instance.profile), []).append(instance.uuid)
     return devices
