@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import os
+import re
 import subprocess
 import uuid
 from collections.abc import Iterator
