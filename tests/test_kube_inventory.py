@@ -12,14 +12,17 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
-from kube_cluster import A100, H100, LocalKube, l4_node, own_node, wait_for_file, workload_pod
+from kube_cluster import A100, H100, LocalKube, l4_node, load_fixture, own_node, wait_for_file, workload_pod
 
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES
 from gpupool.spawner.kube.node_watch import KubeInventory, connect
-from gpupool.spawner.pool.devices import Health
+from gpupool.spawner.kube.resources import kube_grant
+from gpupool.spawner.pool.devices import GpuMode, Health
 from gpupool.spawner.pool.leases import LeaseState
-from gpupool.spawner.pool.requests import Request, WholeGpus
+from gpupool.spawner.pool.requests import GpuShare, MigSlice, Request, WholeGpus
+from gpupool.spawner.pool.state import Allocation, PoolState
 from gpupool.spawner.service.assembly import assemble
 from gpupool.spawner.service.settings import ServiceSettings
 from gpupool.spawner.service.store.lease_store import sqlite_url
@@ -186,3 +189,88 @@ def test_an_outside_pod_using_two_a100s_lowers_free_capacity_until_it_ends(
             assert service.manager.pool.check_invariants() == []
 
     asyncio.run(scenario())
+
+
+def _variant(
+    fixture: str, name: str, labels: dict[str, str], gpus: dict[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """A Node of ``fixture``'s kind named ``name``, with ``labels`` added and ``gpus`` as its GPU resources."""
+    node = load_fixture(fixture)
+    metadata = {
+        "name": name,
+        "labels": node["metadata"]["labels"] | labels | {"kubernetes.io/hostname": name},
+    }
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "110"} | gpus
+    return {"apiVersion": "v1", "kind": "Node", "metadata": metadata, "spec": node.get("spec", {})}, resources
+
+
+def test_device_plugin_variants_registered_by_a_kubelet_are_read_as_the_plugin_means_them(
+    kube: LocalKube, tmp_path: Path
+) -> None:
+    """Through the real API server: a ``+me`` slice served as ``nvidia.com/mig-1g.10gb.me``; GPUs shared with
+    the device plugin's default ``renameByDefault: false`` (16 ``nvidia.com/gpu`` on 4 GPUs × 4 replicas), which
+    an outside pod's ``nvidia.com/gpu: 1`` takes one share of; and a node with a profile its GPU lacks, left out
+    while the rest of the pool is read."""
+    me = _variant(
+        "dgx-h100-mixed",
+        "h100-me",
+        {"nvidia.com/mig.config": "custom"},
+        {"nvidia.com/gpu": "7", "nvidia.com/mig-1g.10gb.me": "1", "nvidia.com/mig-3g.40gb": "1"},
+    )
+    shared = _variant(
+        "a100-40gb",
+        "a100-shared",
+        {
+            "nvidia.com/gpu.sharing-strategy": "time-slicing",
+            "nvidia.com/gpu.replicas": "4",
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-SHARED",
+        },
+        {"nvidia.com/gpu": "16"},
+    )
+    odd = _variant(
+        "dgx-h100-mixed",
+        "h100-odd",
+        {"nvidia.com/mig.config": "custom"},
+        {"nvidia.com/gpu": "7", "nvidia.com/mig-5g.60gb": "1"},
+    )
+    agents = [kube.add_node(obj, resources) for obj, resources in (me, shared, odd)]
+    namespace = kube.namespace("variants")
+    done = tmp_path / "done"
+    try:
+        service = Service(tmp_path, kube.kubeconfig(tmp_path / "kubeconfig"))
+        nodes = {ns.node.name: ns.node for ns in service.manager.pool.nodes}
+        assert "h100-odd" not in nodes and {H100, A100, "h100-me", "a100-shared"} <= set(nodes)
+        slices = sorted(m.profile for g in nodes["h100-me"].gpus for m in g.mig_instances)
+        assert slices == ["1g.10gb+me", "3g.40gb"]
+        me_slice = PoolState([nodes["h100-me"]]).place(Request(0, 0, MigSlice(profile="1g.10gb+me")), "me")
+        assert isinstance(me_slice, Allocation)
+        assert kube_grant(nodes["h100-me"], me_slice.grants).limits == {"nvidia.com/mig-1g.10gb.me": 1}
+        a100s = nodes["a100-shared"].gpus
+        assert [(g.product, g.mode, g.max_shares) for g in a100s] == [("A100-40GB", GpuMode.SHARED, 4)] * 4
+        a_share = PoolState([nodes["a100-shared"]]).place(Request(0, 0, GpuShare(250)), "share")
+        assert isinstance(a_share, Allocation)
+        assert kube_grant(nodes["a100-shared"], a_share.grants).limits == {"nvidia.com/gpu": 1}
+
+        def shares_held() -> int:
+            return sum(1 for o in service.manager.pool.allocations if o.startswith("outside:a100-shared"))
+
+        async def scenario() -> None:
+            async with service.cluster.watching():
+                workload_pod(
+                    kube, namespace, "sliced", "a100-shared", {"nvidia.com/gpu": 1}, wait_for_file(done)
+                )
+                await eventually(lambda: shares_held() == 1, "the outside pod's replica held as one share")
+                held = [
+                    g
+                    for o, a in service.manager.pool.allocations.items()
+                    if o.startswith("outside:")
+                    for g in a.grants
+                ]
+                assert {g.kind for g in held if g.gpu_uuid.startswith("k8s-a100-shared")} == {"share"}
+                done.touch()
+
+        asyncio.run(scenario())
+    finally:
+        done.touch()
+        for agent in agents:
+            kube.remove_node(agent)

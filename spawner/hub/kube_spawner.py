@@ -21,7 +21,6 @@ import copy
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from jupyterhub.spawner import SpawnException  # type: ignore[import-untyped]
 from kubespawner import KubeSpawner
 from traitlets import default
 
@@ -30,6 +29,7 @@ from ..kube.grant import KubeGrant
 from ..kube.manifests import ManifestError
 from ..kube.pods import server_pod_overrides
 from . import form
+from .compat import SpawnException
 from .leasing import GpuLeasing, check_user_options
 
 # the KubeSpawner traits a lease sets; what the admin configured is kept and the lease's part added to it

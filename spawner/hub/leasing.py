@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from jupyterhub.spawner import Spawner, SpawnException  # type: ignore[import-untyped]
+from jupyterhub.spawner import Spawner  # type: ignore[import-untyped]
 from traitlets import Float, Unicode, default, validate
 
 from ..client import Availability, GpupoolError, ServiceClient
@@ -37,6 +37,7 @@ from ..files.profiles_file import EXAMPLE_PROFILES, read_profiles
 from ..names import SERVICE_PREFIX
 from ..pool.profiles import Profile, UnknownProfile
 from . import form
+from .compat import SpawnException
 
 TOKEN_ENV = "GPUPOOL_API_TOKEN"
 _STATE_KEY = "gpupool_lease_id"

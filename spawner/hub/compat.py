@@ -1,0 +1,39 @@
+"""What gpupool's hub side needs from JupyterHub, on every version it supports (5.3 through 6.x).
+
+Zero to JupyterHub's charts ship JupyterHub 5.x in their hub image; :class:`SpawnException` (a spawn refused
+for a reason the user should read, with an HTTP status) arrived in 6.0. On 5.x the stand-in below gives the
+same interface, and sets ``jupyterhub_message``, which JupyterHub 5 shows on the spawn page.
+"""
+
+from __future__ import annotations
+
+from tornado import web
+
+try:
+    from jupyterhub.spawner import SpawnException  # type: ignore[import-untyped]
+except ImportError:  # JupyterHub < 6
+
+    class SpawnException(web.HTTPError):  # type: ignore[no-redef]
+        """JupyterHub 6's ``SpawnException`` for JupyterHub 5: ``message`` is what the user reads."""
+
+        def __init__(
+            self,
+            message: str,
+            *,
+            reason: str,
+            log_message: str = "",
+            message_html: str = "",
+            status_code: int = 400,
+        ) -> None:
+            super().__init__(status_code, log_message or message, reason=reason)  # what the log says
+            self.message = message
+            self.message_html = message_html
+            self.jupyterhub_message = message  # JupyterHub 5's spawn page shows this instead of str(error)
+            if message_html:
+                self.jupyterhub_html_message = message_html
+
+        def __str__(self) -> str:
+            return f"{self.status_code} SpawnException(reason={self.reason}): {self.get_message()}"
+
+
+__all__ = ["SpawnException"]
