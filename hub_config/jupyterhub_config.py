@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from gpupool.spawner.hub.compat import service_start_timeout
 from gpupool.spawner.hub.up import CULLER_SCOPES, culler_command, read_or_create_secret, templates
 from gpupool.spawner.hub.up_checks import require_real_pool
 from gpupool.spawner.orphans import parent_environment
@@ -103,8 +104,8 @@ c.JupyterHub.services = [
         "oauth_no_confirm": True,
         "oauth_client_allowed_scopes": ["custom:gpupool:admin"],
         # a cold first start (imports from disk, a busy machine) can take longer than the 30 s default,
-        # and JupyterHub exits when a managed service is not up in time
-        "timeout": 120,
+        # and JupyterHub exits when a managed service is not up in time (JupyterHub 6+; 5.x waits ~10 s)
+        **service_start_timeout(120),
     },
     {
         # Stops idle servers; their leases go back to the pool with them. gpupool's arbiter (see

@@ -23,6 +23,7 @@ import httpx
 from polling import pauses
 from ports import free_port
 
+from gpupool.spawner.hub.compat import service_start_timeout
 from gpupool.spawner.orphans import PARENT_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,7 +112,8 @@ def write_hub_config(
                 "url": f"http://127.0.0.1:{ports['service_port']}",
                 "command": service_command(),
                 "environment": environment | dict(service_env or {}),
-                "timeout": 120,  # JupyterHub exits if a managed service is not up in time; CI starts cold
+                # JupyterHub exits if a managed service is not up in time; CI starts cold
+                **service_start_timeout(120),
                 # as in hub_config: browsers log in to its pages through the hub, admins keep their scope
                 "oauth_no_confirm": True,
                 "oauth_client_allowed_scopes": ["custom:gpupool:admin"],

@@ -12,7 +12,10 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 CACHE = Path(os.environ.get("GPUPOOL_PINS_CACHE") or Path.home() / ".cache" / "gpupool" / "pins")
 
@@ -38,13 +41,23 @@ def pinned(requirements: Sequence[str]) -> Path:
     return folder
 
 
-def hub_image_pins(requirements_txt: Path, names: Sequence[str]) -> list[str]:
-    """The ``name==version`` lines of a pip-compiled requirements file for ``names``."""
+def installed_over(requirements_txt: Path, names: Sequence[str]) -> list[str]:
+    """What ``pip install jupyterhub-gpupool`` leaves of ``names`` in an image built from a pip-compiled
+    requirements file: its pin, unless gpupool's own requirements exclude that version, when pip upgrades it
+    (to the version this venv has, which satisfies them)."""
+    needs = {
+        (requirement := Requirement(text)).name.lower(): requirement.specifier
+        for text in metadata.requires("jupyterhub-gpupool") or []
+        if "extra ==" not in text
+    }
     wanted = {name.lower() for name in names}
     pins = []
     for line in requirements_txt.read_text().splitlines():
-        requirement = line.split("#", 1)[0].strip()
-        name, _, version = requirement.partition("==")
-        if version and name.strip().lower() in wanted:
-            pins.append(f"{name.strip()}=={version.strip()}")
+        name, _, version = line.split("#", 1)[0].strip().partition("==")
+        name, version = name.strip().lower(), version.strip()
+        if not version or name not in wanted:
+            continue
+        if name in needs and not needs[name].contains(version):
+            version = metadata.version(name)
+        pins.append(f"{name}=={version}")
     return sorted(pins)

@@ -9,12 +9,12 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from jupyterhub.spawner import SpawnException
 from kube_cluster import point_kubespawner_at
 from kubernetes_asyncio.client import ApiClient
 
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles
 from gpupool.spawner.hub import form
+from gpupool.spawner.hub.compat import SpawnException
 from gpupool.spawner.hub.kube_spawner import KubeGPUSpawner
 from gpupool.spawner.kube.events import plain_event
 

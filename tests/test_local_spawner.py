@@ -29,8 +29,8 @@ from hub_harness import (
     wait_for,
     write_hub_config,
 )
-from jupyterhub.spawner import SpawnException
 
+from gpupool.spawner.hub.compat import SpawnException
 from gpupool.spawner.hub.spawner import SimpleLocalGPUSpawner, lease_env
 
 ADMIN_TOKEN = "test-admin-token-spawner-0123456789abcdef"

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 from job_user import job_user
 from jupyterhub.services.auth import HubAuth
-from jupyterhub.spawner import SpawnException
 from token_hub import token_hub
 
+from gpupool.spawner.hub.compat import SpawnException
 from gpupool.spawner.hub.spawner import LocalGPUSpawner
 from gpupool.spawner.service.api.auth import Authenticator
 from gpupool.spawner.system_groups import system_groups

@@ -7,6 +7,7 @@ same interface, and sets ``jupyterhub_message``, which JupyterHub 5 shows on the
 
 from __future__ import annotations
 
+import jupyterhub  # type: ignore[import-untyped]
 from tornado import web
 
 try:
@@ -36,4 +37,15 @@ except ImportError:  # JupyterHub < 6
             return f"{self.status_code} SpawnException(reason={self.reason}): {self.get_message()}"
 
 
-__all__ = ["SpawnException"]
+__all__ = ["SpawnException", "service_start_timeout"]
+
+
+def service_start_timeout(seconds: int) -> dict[str, int]:
+    """A managed service's ``timeout`` (how long JupyterHub waits for it to answer before giving up), as the
+    fields of its spec: JupyterHub 6 added the field (default 30 s); JupyterHub 5 refuses any field it does
+    not know, and waits its own fixed ten tries instead."""
+    return {"timeout": seconds} if _major(jupyterhub.__version__) >= 6 else {}
+
+
+def _major(version: str) -> int:
+    return int(version.split(".", 1)[0])

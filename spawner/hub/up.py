@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from .. import orphans
 from ..files.quotas_file import EXAMPLE_QUOTAS
 from ..names import SERVICE_NAME, SERVICE_PREFIX
+from .compat import service_start_timeout
 from .up_checks import UpError as UpError  # the error gpupool up's callers catch
 from .up_checks import check_data_files, check_request
 
@@ -201,7 +202,7 @@ def services(settings: UpSettings) -> list[dict[str, object]]:
             "oauth_client_allowed_scopes": ["custom:gpupool:admin"],
             # a cold first start (imports from disk, a busy machine) can take longer than the 30 s default,
             # and JupyterHub exits when a managed service is not up in time
-            "timeout": 120,
+            **service_start_timeout(120),
         },
         {
             "name": CULLER,

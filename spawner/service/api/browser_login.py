@@ -3,8 +3,9 @@
 A page request without credentials is sent to the hub's ``/hub/api/oauth2/authorize`` with a PKCE challenge;
 the hub, where the user is logged in already, sends the browser back to ``{prefix}oauth_callback`` with a
 code, which the service trades for an access token. JupyterHub's :class:`~jupyterhub.services.auth.HubOAuth`
-does the protocol (state, PKCE, the token request with the service's API token as client secret); this
-module only carries it over HTTP. The token goes into an HttpOnly cookie scoped to the service's prefix, and
+makes the PKCE challenge (JupyterHub 6+; 5.x, which Zero to JupyterHub's hub image ships, has none and asks for
+none) and the token request with the service's API token as client secret; this module keeps each login's
+state (the page to return to, the PKCE verifier) itself, the same on every JupyterHub version. The token goes into an HttpOnly cookie scoped to the service's prefix, and
 every later request is checked with the hub like any API token (:class:`.auth.Authenticator`), so the hub
 stays the one judge of who the caller is and what they may do.
 
@@ -18,6 +19,9 @@ through it.
 # No ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
 import hmac
 import logging
+import secrets
+import time
+from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import urlencode
 
@@ -31,6 +35,16 @@ from .auth import TOKEN_COOKIE
 log = logging.getLogger(__name__)
 
 STATE_COOKIE = "gpupool-oauth-state"
+MAX_PENDING = 10_000  # logins started and not finished: past this, the oldest are forgotten
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A login under way: where to go back to, its PKCE verifier (None without PKCE), until when it may end."""
+
+    target: str
+    verifier: str | None
+    expires: float
 
 
 class BrowserLogin:
@@ -40,22 +54,25 @@ class BrowserLogin:
         self.hub_oauth = hub_oauth
         self.prefix = "/" + service_prefix.strip("/") + "/"
         self.redirect_uri = self.prefix + "oauth_callback"  # JupyterHub's default for a service's client
+        self._pending: dict[str, _Pending] = {}
 
     def start(self, request: Request) -> RedirectResponse:
         """Send the browser to the hub to log in, to come back to the page it asked for."""
-        verifier, challenge, method = self.hub_oauth.generate_pkce_code_challenge()
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        state = self.hub_oauth.generate_state(next_url=target, code_verifier=verifier)
-        query = urlencode(
-            {
-                "client_id": self.hub_oauth.oauth_client_id,
-                "redirect_uri": self.redirect_uri,
-                "response_type": "code",
-                "state": state,
-                "code_challenge": challenge,
-                "code_challenge_method": method,
-            }
+        fields = {
+            "client_id": self.hub_oauth.oauth_client_id,
+            "redirect_uri": self.redirect_uri,
+            "response_type": "code",
+        }
+        verifier = None
+        pkce = getattr(self.hub_oauth, "generate_pkce_code_challenge", None)  # JupyterHub 6+
+        if pkce is not None:
+            verifier, challenge, method = pkce()
+            fields |= {"code_challenge": challenge, "code_challenge_method": method}
+        state = self._remember(
+            _Pending(target, verifier, time.monotonic() + self.hub_oauth.oauth_state_max_age)
         )
+        query = urlencode(fields | {"state": state})
         response = RedirectResponse(
             f"{self.hub_oauth.oauth_authorization_url}?{query}", status.HTTP_302_FOUND
         )
@@ -75,17 +92,22 @@ class BrowserLogin:
         self, request: Request, code: str, state: str, remembered: str | None
     ) -> RedirectResponse:
         """The callback: check the state, trade the code for a token, keep it in a cookie, go back."""
-        verifier = self.hub_oauth.get_code_verifier(state)
-        if not remembered or not hmac.compare_digest(remembered, state) or verifier is None:
+        pending = self._pending.pop(state, None)
+        if (
+            not remembered
+            or not hmac.compare_digest(remembered, state)
+            or pending is None
+            or pending.expires < time.monotonic()
+        ):
             raise HTTPException(
                 status.HTTP_400_BAD_REQUEST,
                 "the login's state does not match this browser's (expired or started elsewhere); "
                 "open the page again",
             )
-        target = self.hub_oauth.get_next_url(state)
-        self.hub_oauth.clear_oauth_state(state)
+        target = pending.target
+        pkce = {"code_verifier": pending.verifier} if pending.verifier is not None else {}
         try:
-            token = await self.hub_oauth.token_for_code(code, code_verifier=verifier, sync=False)
+            token = await self.hub_oauth.token_for_code(code, sync=False, **pkce)
         except TornadoHTTPError as error:
             log.warning("the hub refused the login code: %s", error.log_message)
             raise HTTPException(
@@ -99,6 +121,17 @@ class BrowserLogin:
         )
         response.delete_cookie(STATE_COOKIE, path=self.prefix)
         return response
+
+    def _remember(self, pending: _Pending) -> str:
+        """A new state for ``pending``; expired logins, and past :data:`MAX_PENDING` the oldest, are dropped."""
+        now = time.monotonic()
+        for old in [s for s, p in self._pending.items() if p.expires < now]:
+            del self._pending[old]
+        while len(self._pending) >= MAX_PENDING:
+            del self._pending[next(iter(self._pending))]
+        state = secrets.token_urlsafe(16)
+        self._pending[state] = pending
+        return state
 
     def router(self) -> APIRouter:
         router = APIRouter()
