@@ -103,6 +103,7 @@ def test_users_get_pods_bound_by_the_scheduler_to_their_leased_nodes_with_their_
         bob = _spawner(_User("bob", 2, ("gpu-users",)), hub, "a100-pair")
         carol = _spawner(_User("carol", 3), hub, "mig-1g")
         events: list[str] = []
+        progress: list[int] = []
         # the form: gpupool's profiles as KubeSpawner's profile_list, live from the Kubernetes pool
         offered = {row["slug"]: str(row["description"]) for row in await alice.gpupool_profile_list()}
         assert "can start now" in offered["mig-3g"] and "simulated" not in offered["mig-3g"]
@@ -112,12 +113,14 @@ def test_users_get_pods_bound_by_the_scheduler_to_their_leased_nodes_with_their_
         async def watch_progress() -> None:
             async for event in alice.progress():
                 events.append(str(event.get("message", "")))
+                progress.append(int(event.get("progress", progress[-1] if progress else 0)))
 
         starting = asyncio.gather(alice.start(), bob.start(), carol.start())
         await asyncio.sleep(0.01)  # JupyterHub asks for progress once the start is under way
         watching = asyncio.create_task(watch_progress())
         started = await starting
         await asyncio.wait_for(watching, 60)
+        assert progress == sorted(progress), progress  # the bar never goes back
         for spawner, url in zip((alice, bob, carol), started, strict=True):
             assert url.startswith("http://127.1.")  # the pod's own address
             async with httpx.AsyncClient() as client:  # what the hub's proxy will do: reach the server

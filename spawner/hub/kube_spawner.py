@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from kubespawner import KubeSpawner
-from traitlets import default
+from traitlets import default, validate
 
 from ..kube.events import plain_event
 from ..kube.grant import KubeGrant
@@ -64,6 +64,13 @@ class KubeGPUSpawner(GpuLeasing, KubeSpawner):  # type: ignore[misc]  # KubeSpaw
     @default("profile_list")
     def _default_profile_list(self) -> Any:
         return _profile_list
+
+    @validate("profile_list")
+    def _gpupool_profiles_unless_some_are_given(self, proposal: Any) -> Any:
+        """Zero to JupyterHub sets ``profile_list`` from ``singleuser.profileList``, ``[]`` by default: that
+        says none were configured, so gpupool's stay rather than leave the form empty."""
+        value = proposal["value"]
+        return _profile_list if isinstance(value, list) and not value else value
 
     @default("apply_user_options")
     def _default_apply_user_options(self) -> Any:
@@ -112,16 +119,24 @@ class KubeGPUSpawner(GpuLeasing, KubeSpawner):  # type: ignore[misc]  # KubeSpaw
         self._lease_env = {}  # the pod's environment carries it, and never device UUIDs (the plugin's part)
 
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
-        """gpupool's events until the lease is granted, then the pod's events in plain words."""
+        """gpupool's events until the lease is granted, then the pod's events in plain words. KubeSpawner counts
+        its progress from 0 again, so its share is scaled into what is left after gpupool's: the bar only ever
+        moves forward."""
+        reached = 0.0
         async for event in GpuLeasing.progress(self):
+            reached = max(reached, float(event.get("progress", reached)))
             yield event
         if not self._granted:
             return
+        base = reached
         async for event in KubeSpawner.progress(self):
-            raw = event.get("raw_event")
+            event = dict(event)  # KubeSpawner's own stays as it was
+            raw = event.pop("raw_event", None)
             if raw:
-                event = {**event, "message": plain_event(str(raw.get("reason") or ""), str(raw["message"]))}
-                event.pop("raw_event")
+                event["message"] = plain_event(str(raw.get("reason") or ""), str(raw["message"]))
+            if "progress" in event:
+                reached = max(reached, base + (100 - base) * float(event["progress"]) / 100)
+                event["progress"] = int(reached)
             yield event
 
 

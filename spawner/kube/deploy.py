@@ -82,6 +82,11 @@ class ServiceDeployment:
         return {"app.kubernetes.io/name": self.name, COMPONENT_LABEL: "gpupool-service"}
 
 
+# Zero to JupyterHub's NetworkPolicies admit pods with these labels to the hub's API (token checks, the hub's
+# user list for reconciliation) and to the singleuser servers (the culler's GPU checks go the other way).
+POD_NETWORK_ACCESS = {"hub.jupyter.org/network-access-hub": "true"}
+
+
 def service_account(d: ServiceDeployment) -> JsonDict:
     return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(d.name, d.namespace, d.labels)}
 
@@ -163,7 +168,7 @@ def deployment(d: ServiceDeployment) -> JsonDict:
             "replicas": 1,
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": d.selector},
-            "template": {"metadata": {"labels": d.labels}, "spec": pod_spec},
+            "template": {"metadata": {"labels": d.labels | POD_NETWORK_ACCESS}, "spec": pod_spec},
         },
     }
 
