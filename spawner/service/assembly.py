@@ -146,6 +146,12 @@ def assemble(settings: ServiceSettings) -> Service:
         this_host().log(log)
     parts = service_parts(settings, pool, manager, jobs)
     cluster = kube.follow(manager, parts.health) if kube is not None else None
+    if cluster is not None:  # dcgm-exporter's readings reach the leases through their pods
+        from .kube_pool import KubeSampler
+
+        sampler = parts.telemetry.sampler
+        assert isinstance(sampler, KubeSampler)
+        sampler.connect(lambda: manager.all_leases(active_only=True), cluster.pods)
     service = Service(settings, create_app(parts), parts, cluster)
     service.app.router.lifespan_context = service.lifespan
     return service

@@ -28,22 +28,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
+import httpx
+
+from ..kube import dcgm
 from ..kube.job_manifests import JobSettings, home_claim_name
 from ..kube.labels import SHARED_RESOURCE
 from ..kube.manifests import ManifestError
 from ..kube.node_watch import KubeInventory, connect
 from ..kube.resources import outside_use
 from ..pool.devices import Node
+from ..pool.leases import Lease, LeaseState
 from ..telemetry.samples import Snapshot
 from .jobs.kube_runner import KubeJobRunner
 from .leasing.health import HealthKeeper
 from .leasing.lease_manager import LeaseManager
 
 log = logging.getLogger(__name__)
+Obj = dict[str, Any]
 
 
 @dataclass
@@ -113,11 +119,22 @@ class ClusterFollower:
         self.manager = manager
         self.health_keeper = health
         self._pooled = {node.name: node for node in backend.nodes}
+        self.inventory: KubeInventory | None = None  # while watching()
         for name, problem in backend.problems.items():
             if problem is not None:
                 self.health(name, problem)
         for name, held in backend.usage.items():
             self.usage(name, held)
+
+    def pods(self) -> dict[str, Obj]:
+        """The cluster's pods as the inventory last saw them (a copy, safe to read from another thread)."""
+        inventory = self.inventory
+        for _ in range(3):  # the event loop may change the mirror while a sampler thread copies it
+            try:
+                return dict(inventory.pods) if inventory is not None else {}
+            except RuntimeError:
+                continue
+        return {}
 
     def health(self, name: str, problem: str | None) -> None:
         if name not in self._pooled:
@@ -143,6 +160,7 @@ class ClusterFollower:
         backend = self.backend
         api = await connect(backend.kubeconfig)
         inventory = KubeInventory(api, shared_resource=backend.shared_resource)
+        self.inventory = inventory
         inventory.problems = dict(backend.problems)  # so the first list reports only what changed since
         inventory.usage = {name: dict(held) for name, held in backend.usage.items()}
         inventory.on_health(self.health)
@@ -162,20 +180,50 @@ class ClusterFollower:
 
 
 class KubeSampler:
-    """No device telemetry on Kubernetes yet (dcgm-exporter is the way; not built): empty snapshots, never
-    simulated numbers passed off as the cluster's."""
+    """Device telemetry from the cluster's dcgm-exporter pods (:mod:`gpupool.spawner.kube.dcgm`): each pass
+    reads every exporter the inventory's pods show and gives each granted lease the readings of its pod's
+    devices. Before :meth:`connect` (and where no exporter runs) snapshots are empty: devices read "N/A",
+    never simulated numbers passed off as the cluster's."""
 
     simulated = False
     backend = "kubernetes"
 
+    def __init__(self, nodes: Sequence[Node], timeout: float = 3.0) -> None:
+        self.nodes = tuple(nodes)
+        self.timeout = timeout
+        self._leases: Callable[[], list[Lease]] = list
+        self._pods: Callable[[], dict[str, Obj]] = dict
+        self._client: httpx.Client | None = None
+        self._failing: set[str] = set()
+
+    def connect(self, leases: Callable[[], list[Lease]], pods: Callable[[], dict[str, Obj]]) -> None:
+        """Where the granted leases and the cluster's pods come from (the manager, the inventory)."""
+        self._leases, self._pods = leases, pods
+
     def open(self) -> None:
-        pass
+        self._client = httpx.Client(timeout=self.timeout)
 
     def sample(self, at: float) -> Snapshot:
-        return Snapshot(at, (), False, "kubernetes")
+        pods = self._pods()
+        readings = []
+        for url in dcgm.exporter_urls(pods.values()):
+            try:
+                assert self._client is not None, "open() first"
+                answer = self._client.get(url)
+                answer.raise_for_status()
+                readings += dcgm.parse_readings(answer.text)
+                self._failing.discard(url)
+            except (httpx.HTTPError, ValueError) as error:
+                if url not in self._failing:  # once per outage, not every pass
+                    log.warning("dcgm-exporter at %s could not be read: %s", url, error)
+                self._failing.add(url)
+        leases = [lease for lease in self._leases() if lease.state is LeaseState.GRANTED]
+        samples = dcgm.lease_samples(readings, leases, pods, self.nodes, at)
+        return Snapshot(at, tuple(samples), False, "kubernetes")
 
     def close(self) -> None:
-        pass
+        if self._client is not None:
+            self._client.close()
 
 
 def load_kube_pool(

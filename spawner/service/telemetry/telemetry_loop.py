@@ -48,12 +48,12 @@ class Sampler(Protocol):
 def make_sampler(
     backend: str, nodes: Iterable[Node], *, nvml: ModuleType | None = None, pids_of: PidsOf | None = None
 ) -> Sampler:
-    """The sampler for the pool's backend: NVML on this host for "nvml", none yet for "kubernetes" (empty
-    snapshots), simulated otherwise."""
+    """The sampler for the pool's backend: NVML on this host for "nvml", the cluster's dcgm-exporter for
+    "kubernetes" (connected to the leases and pods by the assembly), simulated otherwise."""
     if backend == "kubernetes":
         from ..kube_pool import KubeSampler  # only a cluster needs kubernetes_asyncio
 
-        return KubeSampler()
+        return KubeSampler(list(nodes))
     if backend == "nvml":
         from ...backends.nvml_telemetry import NvmlSampler  # only a GPU host needs pynvml loaded
 
