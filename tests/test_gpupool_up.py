@@ -221,6 +221,19 @@ def test_a_restart_keeps_the_password_and_both_databases(start: tuple[Path, int]
         second.stop()
 
 
+def test_a_bad_culler_pass_in_the_environment_stops_gpupool_up_naming_it(tmp_path: Path) -> None:
+    env = os.environ | {"GPUPOOL_CULL_EVERY_SECONDS": "soon"}
+    result = subprocess.run(
+        up_command("--state-dir", str(tmp_path / "state")),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "GPUPOOL_CULL_EVERY_SECONDS: expected whole seconds, 1 or more, got 'soon'" in result.stderr
+
+
 def test_the_demo_login_is_refused_on_a_public_address(tmp_path: Path) -> None:
     result = subprocess.run(
         up_command("--ip", "0.0.0.0", "--pool", str(DEMO_POOL), "--state-dir", str(tmp_path / "state")),

@@ -45,24 +45,24 @@ def series(name: str, value: float, hostname: str, gpu: int, pod: str = "", **ex
     return f"{name}{{{text}}} {value:g}"
 
 
-def exposition(a100_util: float, mig_active: float) -> str:
+def exposition(a100_util: float, mig_active: float, a100_pod: str = "jupyter-ada") -> str:
     lines = ["# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).", "# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
     lines += [series("DCGM_FI_DEV_GPU_UTIL", 0, A100, gpu) for gpu in (0, 1, 3)]
-    lines.append(series("DCGM_FI_DEV_GPU_UTIL", a100_util, A100, 2, "jupyter-ada"))
+    lines.append(series("DCGM_FI_DEV_GPU_UTIL", a100_util, A100, 2, a100_pod))
     lines += [
         "# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).",
         "# TYPE DCGM_FI_DEV_FB_USED gauge",
     ]
-    lines.append(series("DCGM_FI_DEV_FB_USED", 512, A100, 2, "jupyter-ada"))
+    lines.append(series("DCGM_FI_DEV_FB_USED", 512, A100, 2, a100_pod))
     lines += [
         "# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).",
         "# TYPE DCGM_FI_DEV_FB_FREE gauge",
     ]
-    lines.append(series("DCGM_FI_DEV_FB_FREE", 40000, A100, 2, "jupyter-ada"))
+    lines.append(series("DCGM_FI_DEV_FB_FREE", 40000, A100, 2, a100_pod))
     lines += ["# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).", "# TYPE DCGM_FI_DEV_GPU_TEMP gauge"]
-    lines.append(series("DCGM_FI_DEV_GPU_TEMP", 41, A100, 2, "jupyter-ada"))
+    lines.append(series("DCGM_FI_DEV_GPU_TEMP", 41, A100, 2, a100_pod))
     lines += ["# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).", "# TYPE DCGM_FI_DEV_POWER_USAGE gauge"]
-    lines.append(series("DCGM_FI_DEV_POWER_USAGE", 88.5, A100, 2, "jupyter-ada"))
+    lines.append(series("DCGM_FI_DEV_POWER_USAGE", 88.5, A100, 2, a100_pod))
     lines += [
         "# HELP DCGM_FI_PROF_GR_ENGINE_ACTIVE Ratio of time the graphics engine is active.",
         "# TYPE DCGM_FI_PROF_GR_ENGINE_ACTIVE gauge",

@@ -30,11 +30,12 @@ from ..names import SERVICE_NAME, SERVICE_PREFIX
 from .compat import service_start_timeout
 from .up_checks import UpError as UpError  # the error gpupool up's callers catch
 from .up_checks import check_data_files, check_request
+from .up_environment import UP_SETTINGS_ENV, cull_every_seconds, passed_on, user_path
 
 if TYPE_CHECKING:
     from ..backends.discovery import DiscoveredPool
 
-ENV = "GPUPOOL_UP"
+ENV = UP_SETTINGS_ENV
 SERVICE = SERVICE_NAME
 SPAWNER_CLIENT = "gpupool-hub"  # the token-only service whose token the spawners use
 CULLER = "jupyterhub-idle-culler"
@@ -73,6 +74,10 @@ class UpSettings:
     @property
     def state(self) -> Path:
         return Path(self.state_dir)
+
+    @property
+    def cull_every(self) -> int:
+        return cull_every_seconds()
 
     @property
     def proxy_api_port(self) -> int:
@@ -154,7 +159,7 @@ def spawner_token(state: Path) -> str:
 
 def service_environment(settings: UpSettings) -> dict[str, str]:
     """The gpupool service's own settings (see ``python -m gpupool.spawner.service``)."""
-    env = {
+    env = passed_on() | {
         "GPUPOOL_DB_URL": f"sqlite:///{settings.state / 'gpupool.sqlite'}",
         "GPUPOOL_QUOTAS": os.environ.get("GPUPOOL_QUOTAS") or str(EXAMPLE_QUOTAS),
         # a server on GPU devices nobody leased to it is stopped once two passes in a row confirm it
@@ -182,11 +187,6 @@ def service_environment(settings: UpSettings) -> dict[str, str]:
     return env
 
 
-def user_path(user_bin: str) -> str:
-    """The PATH of servers and jobs that run as the unprivileged account: its environment's bin first."""
-    return f"{user_bin}:/usr/local/bin:/usr/bin:/bin"
-
-
 def services(settings: UpSettings) -> list[dict[str, object]]:
     """The managed gpupool service, the managed idle culler, and the spawners' token-only service."""
     return [
@@ -206,9 +206,10 @@ def services(settings: UpSettings) -> list[dict[str, object]]:
         },
         {
             "name": CULLER,
-            "command": culler_command(),
+            "command": culler_command(cull_every=settings.cull_every),
             # the cull arbiter asks the service about GPU activity and records its warnings there
-            "environment": {"GPUPOOL_SERVICE_URL": settings.service_url, **orphans.parent_environment()},
+            "environment": passed_on()
+            | {"GPUPOOL_SERVICE_URL": settings.service_url, **orphans.parent_environment()},
         },
         {"name": SPAWNER_CLIENT, "api_token": spawner_token(settings.state)},
     ]
@@ -304,6 +305,7 @@ def prepare(
     """Check the request, create the state folder and its secrets; raise :class:`UpError` saying what to fix."""
     check_request(ip, pool, extra_config, demo_login, kubeconfig)
     check_data_files(environ)
+    cull_every_seconds()  # a bad GPUPOOL_CULL_EVERY_SECONDS stops gpupool up here, naming it
     # here, not at the top: the hub's process imports this module too (embedded.py) and discovers nothing
     from ..backends.discovery import discover_pool
 
