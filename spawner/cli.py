@@ -339,9 +339,11 @@ def _bench_placement(args: argparse.Namespace) -> int:
     print(f"policy {run.policy}, seed {run.seed}: {run.pods} tasks, {run.placed} placed, {run.failed} failed")
     for arrived, allocated in run.alloc_pct.items():
         figure = (
-            "not reached (no task arrived within a point of it)" if allocated is None else f"{allocated}%"
+            "not reached: no task arrived within a point of it"
+            if allocated is None
+            else f"{allocated}% allocated"
         )
-        print(f"  {arrived}% of GPU capacity arrived: {figure} allocated")
+        print(f"  {arrived}% of GPU capacity arrived: {figure}")
     print(
         f"  fragmented at {round(args.inflate * 100)}% arrived: {run.frag_pct_130}% of GPUs; "
         f"decision p50 {run.p50_us} µs, p99 {run.p99_us} µs"

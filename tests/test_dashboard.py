@@ -76,6 +76,16 @@ def test_idleness_extends_back_through_idle_minutes_of_the_same_lease_until_a_bu
     assert idle.seconds == 3650 - 3540
 
 
+def test_idle_on_the_dashboard_is_idle_to_the_culler_at_its_threshold() -> None:
+    """The culler calls a GPU idle at or below GPUPOOL_GPU_IDLE_THRESHOLD (10%); so does the dashboard, in the
+    recent samples and the stored minutes alike (7% is idle; before, the page's own 5% said it was in use)."""
+    history = _History({3600 + 10 * i: 7.0 for i in range(6)})
+    minutes = [_minute(3540, used=60, utilization_max=8.0), _minute(3480, used=60, utilization_max=10.0)]
+    (idle,) = held_idle([HELD], history, minutes, threshold=10, min_seconds=0)
+    assert (idle.seconds, idle.peak) == (3650 - 3480, 10.0)
+    assert held_idle([HELD], history, minutes, threshold=5, min_seconds=0) == []
+
+
 def test_idleness_never_counts_from_before_the_lease_was_granted() -> None:
     history = _History({3000 + 10 * i: 0.0 for i in range(30)})
     (idle,) = held_idle([HeldDevice("GPU-5", "x", "bob", "L2", granted_at=3100)], history, [], min_seconds=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,17 @@ def test_cli_json_holds_the_protocol_figures(capsys: pytest.CaptureFixture[str])
     assert result["failed"] > 0, "at 130% of capacity some tasks must fail"
     assert 0 <= result["frag_pct_130"] < 100
     assert 0 < result["p50_us"] <= result["p99_us"]
+
+
+def test_the_cli_text_says_each_point_as_a_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*ON_SAMPLE, "--policy", "fgd", "--seed", "42"]) == 0
+    points = [line for line in capsys.readouterr().out.splitlines() if "of GPU capacity arrived" in line]
+    assert len(points) == 5
+    for line in points:  # "…: 93.1% allocated", or "…: not reached: …", never "not reached … allocated"
+        assert re.fullmatch(
+            r"  \d+% of GPU capacity arrived: (\d+(\.\d+)?% allocated|not reached: .+)", line
+        ), line
+        assert not ("not reached" in line and line.endswith("allocated")), line
 
 
 def test_same_seed_same_result_and_seeds_differ() -> None:

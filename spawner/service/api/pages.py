@@ -2,8 +2,8 @@
 
 An administrator (``custom:gpupool:admin``) sees the pool as nodes → GPUs → MIG slices and shares with who
 holds what and each device's health, a utilisation heat map from the latest samples, the queue, and the held
-devices that have been idle (below :data:`IDLE_THRESHOLD` percent for at least ``idle_after`` seconds, up to
-now). Any other user with access to the service sees their own leases, their devices' latest readings, their
+devices that have been idle (at or below the culler's ``GPUPOOL_GPU_IDLE_THRESHOLD`` for at least
+``idle_after`` seconds, up to now: what the dashboard calls idle is what culling calls idle). Any other user with access to the service sees their own leases, their devices' latest readings, their
 idle devices and their GPU-hours held against used.
 
 Authentication: a browser logged in to the hub is let in through JupyterHub's OAuth (:mod:`.browser_login`:
@@ -53,8 +53,6 @@ from .page_html import (
     usage_table,
 )
 
-IDLE_THRESHOLD = DEFAULT_USED_THRESHOLD  # percent: the pages call a held device idle below this utilisation
-
 
 @dataclass(frozen=True)
 class HeldDevice:
@@ -80,7 +78,7 @@ def held_idle(
     min_seconds: float = 60.0,
     max_gap: float = 10.0,
 ) -> list[IdleDevice]:
-    """Held devices whose utilisation stayed below ``threshold`` percent from some time up to their latest
+    """Held devices whose utilisation stayed at or below ``threshold`` percent from some time up to their latest
     sample, for at least ``min_seconds``, longest first. The span runs back through the recent samples and,
     past them, through contiguous per-minute aggregates of the same lease that were idle too. A device whose
     utilisation is not available is never called idle."""
@@ -96,7 +94,7 @@ def held_idle(
         idle_tail = []
         for sample in reversed(samples):
             util = sample.gpu_utilization
-            if util is None or util >= threshold:
+            if util is None or util > threshold:
                 break
             idle_tail.append(util)
         if not idle_tail:
@@ -111,7 +109,9 @@ def held_idle(
                     continue
                 if aggregate.minute + 60 < since - max_gap:
                     break  # a hole in the record: idleness before it is not known to continue
-                if aggregate.seconds_used or aggregate.seconds_unknown or aggregate.utilization_max is None:
+                if aggregate.seconds_unknown or aggregate.utilization_max is None:
+                    break
+                if aggregate.utilization_max > threshold:
                     break
                 since, peak = aggregate.minute, max(peak, aggregate.utilization_max)
         since = max(since, device.granted_at)
@@ -212,6 +212,7 @@ def _gather(parts: ServiceParts) -> _View:
     leases = manager.all_leases(active_only=True)
     latest = {u: s.to_json() for u, s in telemetry.history.latest_all().items()}
     labels = device_labels(pool)
+    threshold = parts.tracker.threshold  # the culler's (GPUPOOL_GPU_IDLE_THRESHOLD): idle here is idle there
     held = [
         HeldDevice(g.uuid, labels.get(g.uuid, g.label), holder_name(lease), lease.id, lease.granted_at or 0)
         for lease in leases
@@ -219,9 +220,9 @@ def _gather(parts: ServiceParts) -> _View:
         for g in lease.devices
     ]
     idle = held_idle(
-        held, telemetry.history, telemetry.minutes, threshold=IDLE_THRESHOLD, min_seconds=parts.idle_after
+        held, telemetry.history, telemetry.minutes, threshold=threshold, min_seconds=parts.idle_after
     )
-    note = f"below {IDLE_THRESHOLD:g}% for at least {parts.idle_after / 60:g} min"
+    note = f"at most {threshold:g}% for at least {parts.idle_after / 60:g} min"
     return _View(pool, leases, latest, idle, note)
 
 
