@@ -132,6 +132,8 @@ def test_h100_in_mig_mode_lists_its_instances_with_placements() -> None:
         assert all(m.uuid.startswith("MIG-") and m.parent_uuid == gpu.uuid for m in gpu.mig_instances)
         assert layout_problem(GEOMETRIES[gpu.product], layout(gpu)) is None
         assert gpu.health is Health.HEALTHY
+        ids = [m.gpu_instance_id for m in gpu.mig_instances]  # dcgm-exporter's GPU_I_ID in the metrics
+        assert None not in ids and len(set(ids)) == 4
     assert len({m.uuid for g in gpus for m in g.mig_instances}) == 8
 
 

@@ -103,7 +103,7 @@ def test_the_metrics_page_parses_and_matches_the_pool_and_its_leases(hub: Hub) -
         assert leases["granted"] == len(granted)
         pool = admin.get("/pool").json()
         totals = {
-            s.labels["uuid"]: s.value
+            s.labels["device"]: s.value
             for s in families["gpupool_gpu_memory_total_bytes"].samples
             if not s.labels.get("mig_profile")
         }

@@ -163,16 +163,24 @@ def test_metrics_parse_and_match_the_pool_its_leases_and_its_queue(tmp_path: Pat
     }
     assert found["gpupool_queue_length"] == [({}, 1.0)]
     assert found["gpupool_telemetry_simulated"] == [({}, 1.0)]
-    totals = {labels["uuid"]: value for labels, value in found["gpupool_gpu_memory_total_bytes"]}
+    totals = {labels["device"]: value for labels, value in found["gpupool_gpu_memory_total_bytes"]}
     pool = {g.uuid: g.memory_mib for n in service.nodes for g in n.gpus}
     pool |= {i.uuid: i.memory_mib for n in service.nodes for g in n.gpus for i in g.mig_instances}
     assert totals == {uuid: mib * MIB for uuid, mib in pool.items()}
     (slice_,) = service.alice.devices
-    users = {labels["uuid"]: labels for labels, _ in found["gpupool_gpu_memory_used_bytes"]}
-    assert users[slice_.uuid]["user"] == "alice" and users[slice_.uuid]["mig_profile"] == "3g.40gb"
-    assert users[service.bob.devices[0].uuid]["user"] == "bob"
+    # dcgm-exporter's labels: a slice names its parent GPU's UUID, its profile; who holds it is lease info's
+    used = {labels["device"]: labels for labels, _ in found["gpupool_gpu_memory_used_bytes"]}
+    parent = next(g for n in service.nodes for g in n.gpus for i in g.mig_instances if i.uuid == slice_.uuid)
+    assert (used[slice_.uuid]["UUID"], used[slice_.uuid]["GPU_I_PROFILE"]) == (parent.uuid, "3g.40gb")
+    assert (
+        used[slice_.uuid]["Hostname"] == parent_node(service, parent.uuid) and "user" not in used[slice_.uuid]
+    )
+    info = {labels["device"]: labels for labels, _ in found["gpupool_lease_info"]}
+    assert (info[slice_.uuid]["user"], info[slice_.uuid]["profile"]) == ("alice", service.alice.profile)
+    assert info[service.bob.devices[0].uuid]["user"] == "bob"
+    assert info[slice_.uuid]["lease"] == service.alice.id
     mig_parents = {g.uuid for n in service.nodes for g in n.gpus if g.mode is GpuMode.MIG}
-    utilization = {labels["uuid"] for labels, _ in found["gpupool_gpu_utilization_ratio"]}
+    utilization = {labels["device"] for labels, _ in found["gpupool_gpu_utilization_ratio"]}
     assert mig_parents and not mig_parents & utilization  # "not available": no series, not a 0
     assert slice_.uuid in utilization
     assert all(0 <= value <= 1 for _, value in found["gpupool_gpu_utilization_ratio"])
@@ -265,7 +273,7 @@ def test_the_sampler_loop_shows_a_busy_lease_busy_and_an_idle_one_idle(
     alice, bob, text = asyncio.run(scenario())
     assert alice["gpu_utilization"] >= 50, alice
     assert bob["gpu_utilization"] is not None and bob["gpu_utilization"] <= 10, bob
-    ratios = {labels["uuid"]: v for labels, v in metrics(text)["gpupool_gpu_utilization_ratio"]}
+    ratios = {labels["device"]: v for labels, v in metrics(text)["gpupool_gpu_utilization_ratio"]}
     assert ratios[alice_slice] >= 0.5 and ratios[bob_gpu] <= 0.1
     assert service.telemetry.passes >= 2 and service.telemetry.failures == 0
 
@@ -308,8 +316,8 @@ def test_nvml_mig_slices_without_gpm_have_memory_series_but_no_utilisation_serie
         for at in (10.0, 12.0):
             telemetry.record(sampler.sample(at))
         found = metrics(render_metrics(manager, telemetry).decode())
-    ratio = {labels["uuid"]: value for labels, value in found["gpupool_gpu_utilization_ratio"]}
-    used = {labels["uuid"] for labels, _ in found["gpupool_gpu_memory_used_bytes"]}
+    ratio = {labels["device"]: value for labels, value in found["gpupool_gpu_utilization_ratio"]}
+    used = {labels["device"] for labels, _ in found["gpupool_gpu_memory_used_bytes"]}
     ampere_slices = {i.uuid for i in nodes[0].gpus[0].mig_instances}
     (hopper_slice,) = nodes[0].gpus[1].mig_instances
     assert ampere_slices <= used and not ampere_slices & set(ratio)  # "not available", never 0
@@ -350,3 +358,7 @@ def test_a_failing_pass_is_counted_and_sampling_goes_on(tmp_path: Path, hub_api:
 
     asyncio.run(scenario())
     assert telemetry.failures == 1 and telemetry.passes >= 3 and not telemetry.running
+
+
+def parent_node(service: Any, gpu_uuid: str) -> str:
+    return next(n.name for n in service.nodes for g in n.gpus if g.uuid == gpu_uuid)

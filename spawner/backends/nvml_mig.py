@@ -38,6 +38,7 @@ class _Seen:
     memory_mib: int | None
     profile_id: int | None = None
     start: int | None = None
+    gi_id: int | None = None  # the GPU instance's id
 
 
 def read_mig(probe: Probe, parent: object, parent_uuid: str, product: str) -> tuple[MigInstance, ...]:
@@ -54,7 +55,8 @@ def read_mig(probe: Probe, parent: object, parent_uuid: str, product: str) -> tu
         match = MIG_NAME.search(name)
         item = _Seen(uuid, match.group(1) if match else None, int(memory.total) // MIB if memory else None)
         try:  # needs privileges on some drivers: NoPermission / NotSupported
-            instance = nvml.nvmlDeviceGetGpuInstanceById(parent, nvml.nvmlDeviceGetGpuInstanceId(handle))
+            item.gi_id = int(nvml.nvmlDeviceGetGpuInstanceId(handle))
+            instance = nvml.nvmlDeviceGetGpuInstanceById(parent, item.gi_id)
             info = nvml.nvmlGpuInstanceGetInfo(instance)
             item.profile_id, item.start = int(info.profileId), int(info.placement.start)
         except nvml.NVMLError as error:
@@ -131,6 +133,7 @@ def _settle(probe: Probe, seen: list[_Seen], parent_uuid: str, product: str) -> 
             start=starts[item.uuid],
             memory_mib=item.memory_mib or mig.profile_memory_gb(profile) * 1024,
             parent_uuid=parent_uuid,
+            gpu_instance_id=item.gi_id,
         )
         for item, profile in named
         if item.uuid in starts

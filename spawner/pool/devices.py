@@ -35,6 +35,7 @@ class MigInstance:
     start: int
     memory_mib: int
     parent_uuid: str
+    gpu_instance_id: int | None = None  # the driver's GPU instance id (dcgm-exporter's GPU_I_ID), where read
 
 
 @dataclass(frozen=True)

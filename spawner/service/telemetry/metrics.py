@@ -32,7 +32,11 @@ from ..store.usage_store import UsageStore
 from .telemetry_loop import Telemetry
 
 _MIB = 2**20
-_DEVICE_LABELS = ("node", "gpu", "uuid", "mig_profile", "user")
+# dcgm-exporter's names, so a GPU Operator site joins gpupool's series with its own on them: Hostname, gpu
+# (index), UUID (the physical GPU's, for a MIG slice its parent's), GPU_I_PROFILE and GPU_I_ID (MIG slices;
+# the id where the backend reads it). ``device`` is gpupool's own name of the device (the GPU-…/MIG-… UUID a
+# lease grants). Who holds a device is gpupool_lease_info's, not a label on every device series.
+_DEVICE_LABELS = ("Hostname", "gpu", "UUID", "GPU_I_PROFILE", "GPU_I_ID", "device")
 
 
 @dataclass(frozen=True)
@@ -45,14 +49,18 @@ class Device:
     mig_profile: str | None
     memory_mib: int
     split: bool = False  # a GPU in MIG mode: leased only through its instances
+    parent_uuid: str = ""  # a MIG slice's GPU
+    gpu_instance_id: int | None = None
 
-    def labels(self, users: Mapping[str, list[str]]) -> list[str]:
+    def labels(self) -> list[str]:
+        instance = "" if self.gpu_instance_id is None else str(self.gpu_instance_id)
         return [
             self.node,
             str(self.gpu),
-            self.uuid,
+            self.parent_uuid or self.uuid,
             self.mig_profile or "",
-            ",".join(users.get(self.uuid, [])),
+            instance,
+            self.uuid,
         ]
 
 
@@ -65,7 +73,15 @@ def pool_devices(pool: PoolState) -> list[Device]:
             found.append(Device(ns.node.name, gpu.index, gpu.uuid, None, gpu.memory_mib, split))
             if split:
                 found.extend(
-                    Device(ns.node.name, gpu.index, i.uuid, i.profile, i.memory_mib)
+                    Device(
+                        ns.node.name,
+                        gpu.index,
+                        i.uuid,
+                        i.profile,
+                        i.memory_mib,
+                        parent_uuid=gpu.uuid,
+                        gpu_instance_id=i.gpu_instance_id,
+                    )
                     for i in gpu.mig_instances
                 )
     return found
@@ -100,6 +116,7 @@ def render_metrics(
         *_board_families(readings),
         *_error_families(readings, telemetry.history),
         *_lease_families(manager, now, culls or {}),
+        _lease_info_family(manager, {d.uuid: d for d in devices}),
         _device_count_family(devices, users),
         *_telemetry_families(telemetry),
     ]
@@ -125,7 +142,7 @@ class _Readings:
             sample = self.latest.get(device.uuid)
             reading = value(sample) if sample is not None else None
             if reading is not None:
-                family.add_metric(device.labels(self.users), reading)
+                family.add_metric(device.labels(), reading)
         return family
 
 
@@ -148,7 +165,7 @@ def _utilization_families(readings: _Readings) -> list[Metric]:
         sample = readings.latest.get(device.uuid)
         sampled = sample.memory_total_mib if sample is not None else None
         total.add_metric(
-            device.labels(readings.users), (sampled if sampled is not None else device.memory_mib) * _MIB
+            device.labels(), (sampled if sampled is not None else device.memory_mib) * _MIB
         )
     return [
         readings.gauge(
@@ -198,7 +215,7 @@ def _error_families(readings: _Readings, history: SampleHistory) -> list[Metric]
         sample = readings.latest.get(device.uuid)
         if sample is None:
             continue
-        labels = device.labels(readings.users)
+        labels = device.labels()
         for kind, count in (("corrected", sample.ecc_corrected), ("uncorrected", sample.ecc_uncorrected)):
             if count is not None:
                 ecc.add_metric([*labels, kind], count)
@@ -240,6 +257,26 @@ def _lease_families(manager: LeaseManager, now: float, cull_counts: Mapping[str,
             value=max((now - lease.created_at for lease in queued), default=0.0),
         ),
     ]
+
+
+def _lease_info_family(manager: LeaseManager, devices: Mapping[str, Device]) -> Metric:
+    """1 per device of each granted lease, labelled with the lease, its user and profile and the device's
+    labels: join it onto any device series (``* on (device) group_left (user, profile)``)."""
+    info = GaugeMetricFamily(
+        "gpupool_lease_info",
+        "Who holds each device: 1 per device of a granted lease",
+        labels=["lease", "user", "profile", "owner_kind", *_DEVICE_LABELS],
+    )
+    for lease in manager.all_leases(active_only=True):
+        if lease.state is not LeaseState.GRANTED:
+            continue
+        for grant in lease.devices:
+            device = devices.get(grant.uuid)
+            if device is not None:
+                info.add_metric(
+                    [lease.id, lease.user, lease.profile, lease.owner_kind, *device.labels()], 1.0
+                )
+    return info
 
 
 def _device_count_family(devices: Iterable[Device], users: Mapping[str, list[str]]) -> Metric:
