@@ -14,10 +14,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	npm install --prefix .node --no-audit --no-fund configurable-http-proxy@4
 	@# the browser test drives Debian's Chromium (Playwright's own browser download needs its CDN); the store
-	@# tests run on Debian's PostgreSQL server too
-	test -x /usr/bin/chromium && ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || { \
+	@# tests run on Debian's PostgreSQL server too, and the Grafana dashboard's queries on Debian's Prometheus
+	test -x /usr/bin/chromium && test -x /usr/bin/prometheus && ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || { \
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && \
-		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium postgresql; }
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium postgresql prometheus; }
 	touch $(STAMP)
 
 run: $(STAMP)
