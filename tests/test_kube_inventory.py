@@ -227,19 +227,25 @@ def test_device_plugin_variants_registered_by_a_kubelet_are_read_as_the_plugin_m
         },
         {"nvidia.com/gpu": "16"},
     )
+    mps = _variant(  # MPS, with renameByDefault: true (the shares' own resource name)
+        "a100-40gb",
+        "a100-mps",
+        {"nvidia.com/gpu.sharing-strategy": "mps", "nvidia.com/gpu.replicas": "4"},
+        {"nvidia.com/gpu": "0", "nvidia.com/gpu.shared": "16"},
+    )
     odd = _variant(
         "dgx-h100-mixed",
         "h100-odd",
         {"nvidia.com/mig.config": "custom"},
         {"nvidia.com/gpu": "7", "nvidia.com/mig-5g.60gb": "1"},
     )
-    agents = [kube.add_node(obj, resources) for obj, resources in (me, shared, odd)]
+    agents = [kube.add_node(obj, resources) for obj, resources in (me, shared, mps, odd)]
     namespace = kube.namespace("variants")
     done = tmp_path / "done"
     try:
         service = Service(tmp_path, kube.kubeconfig(tmp_path / "kubeconfig"))
         nodes = {ns.node.name: ns.node for ns in service.manager.pool.nodes}
-        assert "h100-odd" not in nodes and {H100, A100, "h100-me", "a100-shared"} <= set(nodes)
+        assert "h100-odd" not in nodes and {H100, A100, "h100-me", "a100-shared", "a100-mps"} <= set(nodes)
         slices = sorted(m.profile for g in nodes["h100-me"].gpus for m in g.mig_instances)
         assert slices == ["1g.10gb+me", "3g.40gb"]
         me_slice = PoolState([nodes["h100-me"]]).place(Request(0, 0, MigSlice(profile="1g.10gb+me")), "me")
@@ -250,6 +256,17 @@ def test_device_plugin_variants_registered_by_a_kubelet_are_read_as_the_plugin_m
         a_share = PoolState([nodes["a100-shared"]]).place(Request(0, 0, GpuShare(250)), "share")
         assert isinstance(a_share, Allocation)
         assert kube_grant(nodes["a100-shared"], a_share.grants).limits == {"nvidia.com/gpu": 1}
+        capped = Request(0, 0, GpuShare(250, memory_mib=6144))
+        time_sliced = PoolState([nodes["a100-shared"]]).place(capped, "capped")
+        assert isinstance(time_sliced, Allocation)  # time-slicing cannot cap memory: the grant says so
+        assert "not enforced" in kube_grant(nodes["a100-shared"], time_sliced.grants).note
+        under_mps = PoolState([nodes["a100-mps"]]).place(capped, "capped")
+        assert isinstance(under_mps, Allocation)
+        grant = kube_grant(nodes["a100-mps"], under_mps.grants)
+        assert (dict(grant.limits), dict(grant.environment)) == (
+            {"nvidia.com/gpu.shared": 1},
+            {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=6144M"},
+        )
 
         def shares_held() -> int:
             return sum(1 for o in service.manager.pool.allocations if o.startswith("outside:a100-shared"))

@@ -156,6 +156,33 @@ def test_shared_gpus_that_keep_the_name_nvidia_com_gpu_are_shares_never_whole_gp
     assert outside_use(node, {"nvidia.com/gpu": 3}) == OutsideUse(whole_gpus=0, mig={}, shares=3)
 
 
+@pytest.mark.parametrize("renamed", [False, True])
+@pytest.mark.parametrize("strategy", ["time-slicing", "mps"])
+def test_a_shares_memory_cap_is_set_under_mps_and_said_to_be_unenforced_under_time_slicing(
+    strategy: str, renamed: bool
+) -> None:
+    """Under MPS a share's profile memory cap becomes the pod's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; time-slicing
+    cannot cap memory, so the grant says so; with or without the device plugin's renameByDefault."""
+    labels = {"nvidia.com/gpu.sharing-strategy": strategy, "nvidia.com/gpu.replicas": "4"}
+    if renamed:
+        node = parse_node(_with(A100, labels, **{"nvidia.com__gpu.shared": "16"})).node
+    else:
+        labels["nvidia.com/gpu.product"] = "NVIDIA-A100-SXM4-40GB-SHARED"
+        node = parse_node(_with(A100, labels, **{"nvidia.com__gpu": "16"})).node
+    pool = PoolState([node])
+    capped = pool.place(Request(0, 0, GpuShare(250, memory_mib=6144)), "capped")
+    uncapped = pool.place(Request(0, 0, GpuShare(250)), "uncapped")
+    assert isinstance(capped, Allocation) and isinstance(uncapped, Allocation)
+    grant = kube_grant(node, capped.grants)
+    assert grant.limits == {("nvidia.com/gpu.shared" if renamed else "nvidia.com/gpu"): 1}
+    if strategy == "mps":
+        assert (dict(grant.environment), grant.note) == ({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=6144M"}, "")
+    else:
+        assert not grant.environment and "6 GiB GPU memory cap is not enforced" in grant.note
+    plain = kube_grant(node, uncapped.grants)  # no cap asked: nothing to set or say
+    assert not plain.environment and not plain.note
+
+
 def test_a_node_with_a_mig_profile_its_gpu_lacks_is_refused_naming_the_node() -> None:
     odd = _with(
         H100, {"nvidia.com/mig.config": "custom"}, **{"nvidia.com__gpu": "7", "nvidia.com__mig-5g.60gb": "1"}

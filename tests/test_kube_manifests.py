@@ -190,6 +190,19 @@ def test_a_cpu_only_lease_sees_no_gpu_and_a_gpu_lease_leaves_the_choice_to_the_d
     assert "NVIDIA_VISIBLE_DEVICES" not in gpu_env and "CUDA_VISIBLE_DEVICES" not in gpu_env
 
 
+def test_an_mps_shares_memory_cap_reaches_the_server_and_the_job_container() -> None:
+    capped = KubeGrant(
+        "gpu-a100-01", {"nvidia.com/gpu.shared": 1}, {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=6144M"}
+    )
+    (container,) = server(capped)["spec"]["containers"]
+    assert {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": "0=6144M"} in container["env"]
+    (job_container,) = job(capped, env={"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=99999M"})["spec"]["template"][
+        "spec"
+    ]["containers"]
+    env = {e["name"]: e.get("value") for e in job_container["env"]}
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6144M"  # the user's own value cannot lift the cap
+
+
 def test_pods_carry_the_lease_and_user_labels_and_the_exact_lease_id() -> None:
     meta = server(user="Alice.Smith@x")["metadata"]
     assert meta["labels"][LEASE_LABEL] == "k3x9aZ0qLm2w"

@@ -95,7 +95,9 @@ class KubeGPUSpawner(GpuLeasing, KubeSpawner):  # type: ignore[misc]  # KubeSpaw
         try:
             overrides = server_pod_overrides(
                 KubeGrant(
-                    str(placed["node"]), {str(k): int(v) for k, v in (placed.get("limits") or {}).items()}
+                    str(placed["node"]),
+                    {str(k): int(v) for k, v in (placed.get("limits") or {}).items()},
+                    {str(k): str(v) for k, v in (placed.get("environment") or {}).items()},
                 ),
                 lease_id=str(lease["id"]),
                 user=self.user.name,

@@ -12,8 +12,7 @@ Lifecycle contract, on top of JupyterHub's:
   through ``progress()``. A service that does not answer (restarting: it restores the queue from its store)
   is waited for. Give up shortly before ``start_timeout``, releasing the lease, saying what it waited for.
   Once granted, :meth:`GpuLeasing.apply_lease` pins the server to it and the base spawner starts it.
-- ``get_state``/``load_state`` keep the lease id beside the base spawner's state, so a restarted hub still
-  knows it.
+- ``get_state``/``load_state`` keep the lease id beside the base spawner's state: a restarted hub knows it.
 - ``stop()``, or a ``poll()`` that finds the server gone: the lease is released, once per spawner (the
   service makes a repeated release change nothing, so a hub restart between the two is harmless too).
   ``clear_state`` never forgets a lease that was not released: it is kept for the next release attempt.
@@ -261,7 +260,8 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
             lease = await self._lease(service, profile)
             self.apply_lease(lease)
             devices = ", ".join(d["label"] for d in lease["devices"]) or "no GPU"
-            self._emit(f"Granted {devices}; starting the server", 60)
+            note = str((lease.get("kubernetes") or {}).get("note") or "")  # e.g. a cap nothing enforces
+            self._emit(f"Granted {devices}; starting the server" + (f" ({note})" if note else ""), 60)
             self._granted = True
             try:
                 return await super().start()

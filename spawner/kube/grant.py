@@ -10,10 +10,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+MPS_MEMORY_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"  # an MPS client's device memory cap, "0=6144M"
+
 
 @dataclass(frozen=True)
 class KubeGrant:
-    """The node a lease's pod must run on and the extended resources it requests (limits = requests)."""
+    """The node a lease's pod must run on and the extended resources it requests (limits = requests).
+
+    ``environment`` is what the pod's container needs besides (an MPS share's memory cap); ``note`` says in
+    words what the user should know of the grant (a share's memory cap that nothing enforces)."""
 
     node: str
     limits: Mapping[str, int] = field(default_factory=dict)
+    environment: Mapping[str, str] = field(default_factory=dict)
+    note: str = ""

@@ -193,6 +193,7 @@ def training_job(
     if posixpath.normpath(workdir) != workdir:
         raise ManifestError(f"working_dir: expected a plain path without '..', got {working_dir!r}")
     container_env = _container_env(settings, job_id, lease_id, checkpoints, env, cpu_only=not gpus)
+    container_env.update(grant.environment)  # an MPS share's memory cap: gpupool's, like its other variables
     pod_spec = _pod_spec(
         settings,
         node=grant.node,

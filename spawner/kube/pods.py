@@ -88,6 +88,7 @@ def lease_pod_env(grant: KubeGrant, lease_id: str, service_url: str, profile: st
     }
     if not grant.limits:
         env.update(device_env(""))
+    env.update(grant.environment)  # an MPS share's memory cap
     return env
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from ..pool.devices import Node
+from ..pool.devices import Gpu, Node
 from ..pool.state import Grant, OutsideUse
-from .gfd import mig_profile, mig_resource
-from .grant import KubeGrant
+from .gfd import SHARING_STRATEGY, mig_profile, mig_resource
+from .grant import MPS_MEMORY_LIMIT, KubeGrant
 from .labels import GPU_RESOURCE, MIG_STRATEGY, SHARED_RESOURCE, SHARES_LABEL
 
 
@@ -31,7 +31,7 @@ def kube_grant(node: Node, grants: Iterable[Grant], *, shared_resource: str = SH
     """
     shared_resource = node.labels.get(SHARES_LABEL, shared_resource)
     profiles = {m.uuid: m.profile for g in node.gpus for m in g.mig_instances}
-    gpus = {g.uuid for g in node.gpus}
+    gpus = {g.uuid: g for g in node.gpus}
     single = node.labels.get(MIG_STRATEGY) == "single"
     limits: Counter[str] = Counter()
     for grant in grants:
@@ -45,7 +45,21 @@ def kube_grant(node: Node, grants: Iterable[Grant], *, shared_resource: str = SH
             limits[GPU_RESOURCE if grant.kind == "gpu" else shared_resource] += 1
         else:
             raise ValueError(f"grant {grant.uuid}: kind must be gpu, mig or share, got {grant.kind!r}")
-    return KubeGrant(node.name, dict(sorted(limits.items())))
+    environment, note = _share_memory_cap(node, [g for g in grants if g.kind == "share"], gpus)
+    return KubeGrant(node.name, dict(sorted(limits.items())), environment, note)
+
+
+def _share_memory_cap(node: Node, shares: list[Grant], gpus: Mapping[str, Gpu]) -> tuple[dict[str, str], str]:
+    """A share's memory cap (its profile's ``memory_gb``): under MPS the pod's CUDA client is capped with
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` on its one device; under time-slicing nothing can cap it, and the
+    grant says so."""
+    capped = [g for g in shares if 0 < g.memory_mib < gpus[g.gpu_uuid].memory_mib]  # 0: no cap asked
+    if not capped:
+        return {}, ""
+    cap = min(g.memory_mib for g in capped)
+    if node.labels.get(SHARING_STRATEGY) == "mps":
+        return {MPS_MEMORY_LIMIT: f"0={cap}M"}, ""
+    return {}, f"its {cap // 1024} GiB GPU memory cap is not enforced: the GPU is time-sliced, so use no more"
 
 
 def outside_use(

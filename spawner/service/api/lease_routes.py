@@ -152,4 +152,6 @@ def _placement(manager: LeaseManager, lease: Lease) -> KubePlacement | None:
     if lease.state is not LeaseState.GRANTED or lease.node is None:
         return None
     grant = kube_grant(manager.pool.node(lease.node).node, lease.devices)
-    return KubePlacement(node=grant.node, limits=dict(grant.limits))
+    return KubePlacement(
+        node=grant.node, limits=dict(grant.limits), environment=dict(grant.environment), note=grant.note
+    )

@@ -58,6 +58,11 @@ class KubePlacement(BaseModel):
 
     node: str
     limits: dict[str, int] = Field(description="e.g. {'nvidia.com/mig-3g.40gb': 1}; the device plugin picks")
+    environment: dict[str, str] = Field(
+        default_factory=dict,
+        description="what the pod's container is given besides: an MPS share's memory cap",
+    )
+    note: str = Field("", description="what the user should know of the grant, in words; empty when nothing")
 
 
 class ResourcesOut(BaseModel):

@@ -164,9 +164,7 @@ def _utilization_families(readings: _Readings) -> list[Metric]:
     for device in readings.devices:
         sample = readings.latest.get(device.uuid)
         sampled = sample.memory_total_mib if sample is not None else None
-        total.add_metric(
-            device.labels(), (sampled if sampled is not None else device.memory_mib) * _MIB
-        )
+        total.add_metric(device.labels(), (sampled if sampled is not None else device.memory_mib) * _MIB)
     return [
         readings.gauge(
             "gpupool_gpu_utilization_ratio",
