@@ -45,6 +45,13 @@ def series(name: str, value: float, hostname: str, gpu: int, pod: str = "", **ex
     return f"{name}{{{text}}} {value:g}"
 
 
+def of_node(text: str, node: str) -> str:
+    """What the exporter on ``node`` serves: the series of that node's GPUs (dcgm-exporter reads its own)."""
+    return "\n".join(
+        line for line in text.splitlines() if line.startswith("#") or f'Hostname="{node}"' in line
+    )
+
+
 def exposition(a100_util: float, mig_active: float, a100_pod: str = "jupyter-ada") -> str:
     lines = ["# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).", "# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
     lines += [series("DCGM_FI_DEV_GPU_UTIL", 0, A100, gpu) for gpu in (0, 1, 3)]
@@ -85,9 +92,19 @@ def test_leased_devices_get_the_readings_dcgm_exporter_gives_their_pods(
     service = Service(tmp_path, kube.kubeconfig(tmp_path / "kubeconfig"))
     manager, telemetry = service.manager, service.service.parts.telemetry
     NAMESPACE["users"] = users = kube.namespace("users")
-    served = tmp_path / "served"
-    served.mkdir()
-    (served / "metrics").write_text(exposition(a100_util=0, mig_active=0.0))
+    served = {node: tmp_path / node for node in (A100, H100, "forged")}
+    for folder in served.values():
+        folder.mkdir()
+
+    def serve(a100_util: float, mig_active: float) -> None:
+        text = exposition(a100_util=a100_util, mig_active=mig_active)
+        (served[A100] / "metrics").write_text(of_node(text, A100))
+        (served[H100] / "metrics").write_text(of_node(text, H100))
+
+    serve(a100_util=0, mig_active=0.0)
+    # a pod merely labelled like dcgm-exporter, on the H100 node, claiming ada's A100 (on another node) idle
+    forged = series("DCGM_FI_DEV_GPU_UTIL", 0, A100, 0, "jupyter-ada")  # GPU 0 sorts first: it would win
+    (served["forged"] / "metrics").write_text(f"# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n{forged}\n")
     operator = kube.namespace("gpu-operator")
     done = tmp_path / "done"
     whole = manager.request_lease(
@@ -102,25 +119,22 @@ def test_leased_devices_get_the_readings_dcgm_exporter_gives_their_pods(
         async with service.cluster.watching():
             for name, lease, node in (("jupyter-ada", whole, A100), ("jupyter-bo", mig, H100)):
                 _pod(kube, users, name, node, wait_for_file(done), annotations={"gpupool.io/lease": lease.id})
-            exporter = [
-                sys.executable,
-                "-m",
-                "http.server",
-                "9400",
-                "--bind",
-                "0.0.0.0",
-                "--directory",
-                str(served),
-            ]
-            _pod(
-                kube,
-                operator,
-                "nvidia-dcgm-exporter-x7k2p",
-                A100,
-                exporter,
-                labels=EXPORTER_LABELS,
-                port=9400,
-            )
+            for name, node, folder in (
+                ("nvidia-dcgm-exporter-x7k2p", A100, served[A100]),
+                ("nvidia-dcgm-exporter-m4q8d", H100, served[H100]),
+                ("not-an-exporter", H100, served["forged"]),
+            ):
+                command = [
+                    sys.executable,
+                    "-m",
+                    "http.server",
+                    "9400",
+                    "--bind",
+                    "0.0.0.0",
+                    "--directory",
+                    str(folder),
+                ]
+                _pod(kube, operator, name, node, command, labels=EXPORTER_LABELS, port=9400)
             telemetry.sampler.open()
             idle = await _sample_until(
                 telemetry, lambda s: whole.devices[0].uuid in s and mig.devices[0].uuid in s
@@ -130,8 +144,11 @@ def test_leased_devices_get_the_readings_dcgm_exporter_gives_their_pods(
             assert (a100.temperature_c, a100.power_w, a100.node) == (41, 88.5, A100)
             assert (slice_.gpu_utilization, slice_.mig_profile, slice_.node) == (0, "3g.40gb", H100)
             assert len(idle) == 2  # devices no lease's pod uses have no reading: unknown, not idle
-            (served / "metrics").write_text(exposition(a100_util=87, mig_active=0.42))
+            serve(a100_util=87, mig_active=0.42)
             busy = await _sample_until(telemetry, lambda s: s[whole.devices[0].uuid].gpu_utilization == 87)
+            for _ in range(3):  # the pod on the H100 node that claims ada's A100 idle is never believed
+                again = {s.uuid: s for s in (await telemetry.sample_once()).samples}
+                assert again[whole.devices[0].uuid].gpu_utilization == 87
             assert busy[mig.devices[0].uuid].gpu_utilization == 42.0  # a ratio, read as percent
             recent = telemetry.history.recent(whole.devices[0].uuid, None)
             assert [s.gpu_utilization for s in recent][-1] == 87

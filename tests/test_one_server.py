@@ -140,6 +140,13 @@ def test_install_log_in_with_pam_run_a_mig_server_and_a_job_restart_the_hub_and_
             (after,) = [lease for lease in service.get("/leases").json() if lease["owner_kind"] == "server"]
             assert (after["id"], after["state"]) == (lease["id"], "granted")
 
+            refused = subprocess.run(
+                ["make", "uninstall", "PURGE=1"], cwd=ROOT, capture_output=True, text=True
+            )
+            assert refused.returncode != 0 and f"({USER})" in refused.stderr, (
+                refused.stderr
+            )  # her server runs
+            assert LAYOUT.env.is_dir() and LAYOUT.state.is_dir()  # and nothing was removed
             stopped = httpx.delete(f"{URL}/hub/api/users/{USER}/server", headers=service.headers, timeout=60)
             assert stopped.status_code in (202, 204), stopped.text
             until(lambda: not _servers_of(USER), "the server did not stop", 60)

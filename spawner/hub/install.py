@@ -44,7 +44,8 @@ def install(layout: Layout, source: Path, *, simulated: bool, say: Callable[[str
     _install_proxy(layout, say)
     _ensure_group(USERS_GROUP, say)
     _write_config(layout, simulated, say)
-    layout.state.mkdir(parents=True, exist_ok=True)
+    _folder(layout.state.parent)
+    layout.state.mkdir(exist_ok=True)
     os.chown(layout.state, 0, 0)
     layout.state.chmod(0o700)  # databases, the cookie secret and the service's token: root's alone
     _write(layout.launcher, install_files.launcher(layout), 0o755)
@@ -65,15 +66,15 @@ def uninstall(layout: Layout, *, purge: bool, say: Callable[[str], None] = print
     """Remove the programs and the unit (the configuration and state too with ``purge``), once nothing runs
     from them: a hub, or a user's server that outlived it."""
     _require_root("uninstall")
-    if SYSTEMD_RUNNING.is_dir() and layout.unit.exists():
-        subprocess.run(["systemctl", "disable", "--now", install_files.UNIT_NAME], check=False)
-    running = _running_from(layout.prefix)
+    running = _running_from(layout.prefix)  # first: stopping the hub now would strand its users' servers
     if running:
         listed = ", ".join(f"{pid} ({user})" for pid, user in running)
         raise InstallError(
-            f"processes still run from {layout.prefix}: {listed}; stop the hub and users' servers "
-            "(the admin panel's Stop All) first"
+            f"processes still run from {layout.prefix}: {listed}; stop users' servers (the admin panel's "
+            f"Stop All), then the hub (systemctl stop {install_files.UNIT_NAME}), first"
         )
+    if SYSTEMD_RUNNING.is_dir() and layout.unit.exists():
+        subprocess.run(["systemctl", "disable", install_files.UNIT_NAME], check=False)
     for path in (layout.env, layout.node, layout.launcher.parent):
         shutil.rmtree(path, ignore_errors=True)
     layout.unit.unlink(missing_ok=True)
@@ -95,7 +96,10 @@ def _require_root(what: str) -> None:
 
 def _unprivileged() -> Account:
     """The account the built environment is checked with: if ``nobody`` can run it, every user can."""
-    entry = pwd.getpwnam("nobody")
+    try:
+        entry = pwd.getpwnam("nobody")
+    except KeyError:
+        raise InstallError("this host has no 'nobody' account to check the environment with") from None
     return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, "")
 
 
@@ -118,7 +122,9 @@ def _ensure_group(name: str, say: Callable[[str], None]) -> None:
     try:
         grp.getgrnam(name)
     except KeyError:
-        subprocess.run(["groupadd", "--system", name], check=True, capture_output=True)
+        made = subprocess.run(["groupadd", "--system", name], capture_output=True, text=True)
+        if made.returncode != 0:
+            raise InstallError(f"groupadd could not make the group {name}: {made.stderr.strip()}") from None
         say(f"gpupool: made the group {name}; add users with: usermod -aG {name} USER")
 
 
@@ -140,7 +146,7 @@ def _write_config(layout: Layout, simulated: bool, say: Callable[[str], None]) -
     }
     if pool is not None:
         files[pool] = (shipped.joinpath("pools", "demo.yaml").read_text(), 0o644)
-    layout.config.mkdir(parents=True, exist_ok=True, mode=0o755)
+    _folder(layout.config)
     for path, (text, mode) in files.items():
         if path.exists():
             say(f"gpupool: kept {path} (yours)")
@@ -153,24 +159,39 @@ def _write_config(layout: Layout, simulated: bool, say: Callable[[str], None]) -
 
 
 def _write(path: Path, text: str, mode: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    path.write_text(text)
-    path.chmod(mode)
+    """``text`` into ``path``, created with ``mode`` (never readable by others first, whatever the umask)."""
+    _folder(path.parent)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(descriptor, "w") as file:
+        os.fchmod(file.fileno(), mode)
+        file.write(text)
+
+
+def _folder(path: Path) -> None:
+    """``path`` and its parents, each one made here ``0755`` whatever root's umask."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for folder in reversed(missing):
+        folder.mkdir()
+        folder.chmod(0o755)
 
 
 def _running_from(prefix: Path) -> list[tuple[int, str]]:
-    """Processes whose program lies under ``prefix`` (a script's interpreter counts), with their users."""
+    """Processes that run something under ``prefix``, with their users: its program or any argument there
+    (a venv's python is a link to the system's, so a script's path counts), or ``prefix`` on its ``PATH`` (a
+    job's ``python train.py``, started by a server that has the environment first)."""
     found = []
+    marker = str(prefix).encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            program = os.readlink(entry / "exe")
-            first_argument = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            arguments = (entry / "cmdline").read_bytes().split(b"\0")
+            environment = (entry / "environ").read_bytes().split(b"\0")
             uid = entry.stat().st_uid
         except OSError:
             continue
-        if any(Path(path).is_relative_to(prefix) for path in (program, first_argument) if path):
+        on_path = any(v.startswith(b"PATH=") and marker in v for v in environment)
+        if on_path or any(a.startswith(marker + b"/") for a in arguments):
             found.append((int(entry.name), _user_name(uid)))
     return sorted(found)
 

@@ -3,6 +3,7 @@ systemd unit and the environment file, and the headers that mark the demo's prof
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,20 +53,22 @@ class Layout:
 
 def launcher(layout: Layout) -> str:
     """The hub's start as the unit runs it; without systemd, run this very file (as root)."""
+    q = shlex.quote
     path = f"{layout.env / 'bin'}:{layout.proxy_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    environment = q(str(layout.environment_file))
     return f"""#!/bin/sh
 # gpupool's JupyterHub, started as {UNIT_NAME} starts it. Run it as root: the hub starts each user's
 # server as that user. Settings: {layout.environment_file}; configuration: {layout.hub_config}.
 set -e
-if [ -r {layout.environment_file} ]; then
+if [ -r {environment} ]; then
     set -a
-    . {layout.environment_file}
+    . {environment}
     set +a
 fi
 # servers and jobs find jupyterhub-singleuser and python here first, the hub its proxy
-export PATH="{path}"
-cd {layout.state}
-exec {layout.env / "bin" / "jupyterhub"} -f {layout.hub_config} "$@"
+export PATH={q(path)}
+cd {q(str(layout.state))}
+exec {q(str(layout.env / "bin" / "jupyterhub"))} -f {q(str(layout.hub_config))} "$@"
 """
 
 

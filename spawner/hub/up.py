@@ -305,7 +305,7 @@ def prepare(
     """Check the request, create the state folder and its secrets; raise :class:`UpError` saying what to fix."""
     check_request(ip, pool, extra_config, demo_login, kubeconfig)
     check_data_files(environ)
-    cull_every_seconds()  # a bad GPUPOOL_CULL_EVERY_SECONDS stops gpupool up here, naming it
+    cull_every_seconds(environ)  # a bad GPUPOOL_CULL_EVERY_SECONDS stops gpupool up here, naming it
     # here, not at the top: the hub's process imports this module too (embedded.py) and discovers nothing
     from ..backends.discovery import discover_pool
 

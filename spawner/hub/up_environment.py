@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from .up_checks import UpError
 
@@ -16,9 +17,9 @@ def passed_on() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("GPUPOOL_") and k not in kept_back}
 
 
-def cull_every_seconds() -> int:
+def cull_every_seconds(environ: Mapping[str, str] = os.environ) -> int:
     """Seconds between the culler's passes: ``GPUPOOL_CULL_EVERY_SECONDS``, else 60."""
-    raw = os.environ.get("GPUPOOL_CULL_EVERY_SECONDS", "60").strip()
+    raw = environ.get("GPUPOOL_CULL_EVERY_SECONDS", "60").strip()
     if not raw.isdigit() or int(raw) < 1:
         raise UpError(f"GPUPOOL_CULL_EVERY_SECONDS: expected whole seconds, 1 or more, got {raw!r}")
     return int(raw)

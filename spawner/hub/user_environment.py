@@ -73,7 +73,10 @@ def build_environment(
     """The environment at ``prefix`` with gpupool from the checkout ``source``: built, or brought up to date
     first, then checked by importing what servers and jobs import as ``account``."""
     wanted = {"source": _source_digest(source), "pins": _pins()}
-    prefix.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    prefix.parent.chmod(
+        0o755
+    )  # gpupool's own folder (/opt/gpupool): every account enters it, whatever the umask
     with _locked(prefix.parent / f".{prefix.name}.lock"):
         python = prefix / "bin" / "python"
         built = _read_stamp(prefix)

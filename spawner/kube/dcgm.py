@@ -6,7 +6,7 @@ dcgm-exporter, reading the kubelet's pod-resources API, labels each device's ser
 ``namespace`` using it, and the pods gpupool creates carry their lease in the ``gpupool.io/lease``
 annotation. So each lease's devices get the readings of the devices its pod was given, in order.
 
-Pure: the exporters are found among pods the inventory already watches (:func:`exporter_urls`), their
+Pure: the exporters are found among pods the inventory already watches (:func:`exporters`), their
 Prometheus text is parsed with ``prometheus_client``'s parser (:func:`parse_readings`), and readings become
 :class:`~..telemetry.samples.Sample` records of leased devices (:func:`lease_samples`). Units as
 dcgm-exporter writes them: ``DCGM_FI_DEV_GPU_UTIL`` %, ``DCGM_FI_DEV_FB_USED``/``_FREE`` MiB,
@@ -52,26 +52,35 @@ class Reading:
     values: dict[str, float] = field(default_factory=dict)
 
 
-def exporter_urls(
+def exporters(
     pods: Iterable[Mapping[str, Any]], labels: Mapping[str, str] = EXPORTER_LABELS
-) -> list[str]:
-    """The metrics URL of each running dcgm-exporter pod (its ``metrics`` port, else 9400)."""
-    urls = []
+) -> list[tuple[str, str]]:
+    """The metrics URL and node of each running dcgm-exporter pod (its ``metrics`` port, else 9400)."""
+    found = []
     for pod in pods:
         metadata = pod.get("metadata") or {}
         status = pod.get("status") or {}
+        spec = pod.get("spec") or {}
         pod_labels = metadata.get("labels") or {}
-        if status.get("phase") != "Running" or not status.get("podIP"):
+        if status.get("phase") != "Running" or not status.get("podIP") or not spec.get("nodeName"):
             continue
         if any(pod_labels.get(k) != v for k, v in labels.items()):
             continue
         port = EXPORTER_PORT
-        for container in (pod.get("spec") or {}).get("containers") or []:
+        for container in spec.get("containers") or []:
             for declared in container.get("ports") or []:
                 if declared.get("name") == "metrics" and declared.get("containerPort"):
                     port = int(declared["containerPort"])
-        urls.append(f"http://{status['podIP']}:{port}/metrics")
-    return sorted(urls)
+        found.append((f"http://{status['podIP']}:{port}/metrics", str(spec["nodeName"])))
+    return sorted(found)
+
+
+def on_node(reading: Reading, node: str, pods: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether ``reading`` may be believed from the exporter of ``node``: the pod it names runs there. An
+    exporter reads the GPUs of its own node only, so one that names pods elsewhere (a pod merely labelled
+    like dcgm-exporter) cannot make another node's GPUs look idle to the culler."""
+    pod = pods.get(reading.pod)
+    return pod is not None and (pod.get("spec") or {}).get("nodeName") == node
 
 
 def parse_readings(text: str) -> list[Reading]:
@@ -115,10 +124,14 @@ def lease_samples(
             by_lease.setdefault(lease_of_pod[reading.pod], []).append(reading)
     gpu_index = {g.uuid: g.index for n in nodes for g in n.gpus}
     mig_profile = {m.uuid: m.profile for n in nodes for g in n.gpus for m in g.mig_instances}
+    mig_start = {m.uuid: m.start for n in nodes for g in n.gpus for m in g.mig_instances}
     samples = []
-    for lease in leases:
-        mine = sorted(by_lease.get(lease.id, ()), key=lambda r: (r.gpu, r.instance))
-        for grant, reading in zip(sorted(lease.devices, key=lambda g: g.uuid), mine, strict=False):
+    for lease in leases:  # both in order of GPU index, then MIG instance (numbers, not text)
+        mine = sorted(by_lease.get(lease.id, ()), key=lambda r: (r.gpu, _number(r.instance)))
+        ordered = sorted(
+            lease.devices, key=lambda g: (gpu_index.get(g.gpu_uuid, 0), mig_start.get(g.uuid, 0))
+        )
+        for grant, reading in zip(ordered, mine, strict=False):
             values = reading.values
             used, free = values.get("memory_used_mib"), values.get("memory_free_mib")
             mig = grant.kind == "mig"
@@ -137,3 +150,7 @@ def lease_samples(
                 )
             )
     return samples
+
+
+def _number(text: str) -> int:
+    return int(text) if text.isdigit() else -1

@@ -29,6 +29,7 @@ import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,12 +130,7 @@ class ClusterFollower:
     def pods(self) -> dict[str, Obj]:
         """The cluster's pods as the inventory last saw them (a copy, safe to read from another thread)."""
         inventory = self.inventory
-        for _ in range(3):  # the event loop may change the mirror while a sampler thread copies it
-            try:
-                return dict(inventory.pods) if inventory is not None else {}
-            except RuntimeError:
-                continue
-        return {}
+        return dict(inventory.pods) if inventory is not None else {}  # one C-level copy under the GIL
 
     def health(self, name: str, problem: str | None) -> None:
         if name not in self._pooled:
@@ -205,21 +201,30 @@ class KubeSampler:
 
     def sample(self, at: float) -> Snapshot:
         pods = self._pods()
-        readings = []
-        for url in dcgm.exporter_urls(pods.values()):
-            try:
-                assert self._client is not None, "open() first"
-                answer = self._client.get(url)
-                answer.raise_for_status()
-                readings += dcgm.parse_readings(answer.text)
-                self._failing.discard(url)
-            except (httpx.HTTPError, ValueError) as error:
-                if url not in self._failing:  # once per outage, not every pass
-                    log.warning("dcgm-exporter at %s could not be read: %s", url, error)
-                self._failing.add(url)
+        exporters = dcgm.exporters(pods.values())
+        with ThreadPoolExecutor(max_workers=8) as pool:  # one slow exporter must not hold up the others
+            found = list(pool.map(self._read, [url for url, _ in exporters]))
+        readings = [
+            reading for (_, node), read in zip(exporters, found, strict=True) for reading in read
+            if dcgm.on_node(reading, node, pods)  # an exporter speaks only for pods on its own node
+        ]  # fmt: skip
         leases = [lease for lease in self._leases() if lease.state is LeaseState.GRANTED]
         samples = dcgm.lease_samples(readings, leases, pods, self.nodes, at)
         return Snapshot(at, tuple(samples), False, "kubernetes")
+
+    def _read(self, url: str) -> list[dcgm.Reading]:
+        try:
+            assert self._client is not None, "open() first"
+            answer = self._client.get(url)
+            answer.raise_for_status()
+            readings = dcgm.parse_readings(answer.text)
+        except (httpx.HTTPError, ValueError) as error:
+            if url not in self._failing:  # once per outage, not every pass
+                log.warning("dcgm-exporter at %s could not be read: %s", url, error)
+            self._failing.add(url)
+            return []
+        self._failing.discard(url)
+        return readings
 
     def close(self) -> None:
         if self._client is not None:

@@ -76,7 +76,7 @@ class BrowserLogin:
         response = RedirectResponse(
             f"{self.hub_oauth.oauth_authorization_url}?{query}", status.HTTP_302_FOUND
         )
-        # the state binds the callback to this browser; HubOAuth keeps the page to return to and the verifier
+        # the state binds the callback to this browser; _pending keeps the page to return to and the verifier
         response.set_cookie(
             STATE_COOKIE,
             state,
