@@ -38,6 +38,11 @@ IMAGE_PACKAGES = (
     "pycurl",
 )
 CULLER_CONFIG_IN_IMAGE = "/usr/local/share/gpupool/idle_culler_config.py"  # images/hub/Dockerfile links it
+# the README's `helm upgrade … -f hub_config/helm/values.yaml --set hub.image.name=… --set singleuser.image.name=…`
+README_SETS = {
+    "hub": {"image": {"name": "registry.example.org/gpupool-hub"}},
+    "singleuser": {"image": {"name": "registry.example.org/gpupool-singleuser"}},
+}
 
 
 def image_environment(extra_pins: tuple[str, ...] = ()) -> dict[str, str]:
@@ -53,7 +58,8 @@ def chart(
 ) -> Iterator[tuple[dict[str, Any], dict[str, str]]]:
     """The hub configuration the chart makes of gpupool's values, and the service tokens it generated."""
     tmp = tmp_path_factory.mktemp("z2jh")
-    values = chart_values(yaml.safe_load((ROOT / "hub_config" / "helm" / "values.yaml").read_text()))
+    ours = yaml.safe_load((ROOT / "hub_config" / "helm" / "values.yaml").read_text())
+    values = chart_values(ours, README_SETS)
     tokens = hub_pod_files(values, tmp / "etc-jupyterhub")
     out = tmp / "hub-config.json"
     env = os.environ | hub_pod_environment() | image_environment()
