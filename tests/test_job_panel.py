@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from gpupool.widgets.job_panel import jobs_table, profile_choices
+from gpupool.widgets.job_panel import JobPanel, jobs_table, profile_choices
 
 
 def _job(**fields: Any) -> dict[str, Any]:
@@ -32,9 +33,10 @@ def test_each_usable_profile_says_how_many_could_start_now_and_how_many_wait() -
             "never_fits": "no B200",
         },
     ]
-    assert profile_choices(profiles) == [
+    assert profile_choices(profiles) == [  # every profile the spawn form lists, a blocked one saying why
         ("CPU only — 64 free now", "cpu"),
         ("One H100 — 0 free now, 3 queued", "h100"),
+        ("One B200 — cannot run on this pool: no B200", "b200"),
     ]
 
 
@@ -61,3 +63,44 @@ def test_the_table_lists_newest_first_with_devices_and_queue_place() -> None:
 def test_names_are_escaped_and_an_empty_list_says_so() -> None:
     assert "&lt;script&gt;" in jobs_table([_job(name="<script>alert(1)</script>")])
     assert "No jobs yet" in jobs_table([])
+
+
+class _Service:
+    """A stand-in :class:`Connection`: a service with three profiles (the default second) and two jobs."""
+
+    async def acall(self, method: str, path: str, **kwargs: Any) -> Any:
+        if path == "profiles":
+            return [
+                {"slug": "cpu", "display_name": "CPU", "available_now": 8, "queued": 0, "never_fits": None},
+                {"slug": "mig-3g", "display_name": "MIG", "available_now": 1, "queued": 0, "never_fits": None}
+                | {"default": True},
+                {
+                    "slug": "b200",
+                    "display_name": "B200",
+                    "available_now": 0,
+                    "queued": 0,
+                    "never_fits": "no B200",
+                },
+            ]
+        if path == "jobs":
+            return [_job(id="old", submitted_at=1.0), _job(id="new", name="finetune", submitted_at=2.0)]
+        raise AssertionError(path)
+
+    async def atext(self, path: str, **kwargs: Any) -> str:
+        assert path == "jobs/new/logs", path
+        return "epoch 3: loss 0.41\n"
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_panel_starts_on_the_forms_default_profile_and_the_newest_jobs_log() -> None:
+    panel = JobPanel(_Service(), refresh=3600)  # type: ignore[arg-type]
+    try:
+        asyncio.run(panel.update())
+        asyncio.run(panel.update())  # the log of the job chosen on the first refresh
+        assert panel.profile.value == "mig-3g" and len(panel.profile.options) == 3
+        assert panel.chosen.value == "new"
+        assert panel.log_view.value == "epoch 3: loss 0.41\n"
+    finally:
+        panel.close()

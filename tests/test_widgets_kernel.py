@@ -55,10 +55,21 @@ ANSWERS: dict[str, Any] = {
             "devices": [],
             "position": None,
             "submitted_at": 1.0,
-        }
+        },
+        {
+            "id": "j2",
+            "name": "finetune",
+            "profile": "cpu",
+            "state": "queued",
+            "reason": "waiting",
+            "devices": [],
+            "position": 0,
+            "submitted_at": 2.0,
+        },
     ],
 }
 LOG = "epoch 1 of 10\n"
+NEWEST_LOG = "waiting for a device\n"  # j2's, the newest job: what the panel shows before any choice
 
 
 class StandIn(ThreadingHTTPServer):
@@ -80,8 +91,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         time.sleep(self.server.delay)
         path = self.path.split("?")[0].removeprefix(API)
-        if path == "jobs/j1/logs":
-            body, kind, status = LOG.encode(), "text/plain", 200
+        if path in ("jobs/j1/logs", "jobs/j2/logs"):
+            body, kind, status = (LOG if "j1" in path else NEWEST_LOG).encode(), "text/plain", 200
         elif path in ANSWERS:
             body, kind, status = json.dumps(ANSWERS[path]).encode(), "application/json", 200
         else:
@@ -220,11 +231,11 @@ import asyncio, json, time
 from gpupool.widgets import JobPanel
 panel = JobPanel(refresh=3600)  # nothing but the choice makes it refresh again
 deadline = time.monotonic() + 60
-while time.monotonic() < deadline and "train" not in panel.table.value:
+while time.monotonic() < deadline and not ("train" in panel.table.value and panel.log_view.value):
     await asyncio.sleep(0.1)
 before = panel.log_view.value
 panel.chosen.value = "j1"
-while time.monotonic() < deadline and not panel.log_view.value:
+while time.monotonic() < deadline and panel.log_view.value == before:
     await asyncio.sleep(0.1)
 print(json.dumps({"before": before, "log": panel.log_view.value}))
 """
@@ -232,4 +243,4 @@ print(json.dumps({"before": before, "log": panel.log_view.value}))
 
 def test_choosing_a_job_in_the_panel_shows_its_log_at_once(service: StandIn) -> None:
     (shown,) = run_cells(CHOOSE)
-    assert shown == {"before": "", "log": LOG}
+    assert shown == {"before": NEWEST_LOG, "log": LOG}  # the newest job's log at once, then the chosen one

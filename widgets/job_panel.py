@@ -31,16 +31,25 @@ _LOG_TAIL = 20_000  # characters of the log shown; the rest is one job.logs() aw
 
 
 def profile_choices(profiles: Iterable[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """``(label, slug)`` per profile the user may use, the label saying how many could start now."""
+    """``(label, slug)`` per profile the user may use, as the spawn form lists them: the label says how many
+    could start now, or why the pool can never run it."""
     choices = []
     for profile in profiles:
         if profile.get("never_fits"):
-            continue
-        now, queued = int(profile.get("available_now", 0)), int(profile.get("queued", 0))
-        waiting = f", {queued} queued" if queued else ""
-        label = f"{profile['display_name']} — {now} free now{waiting}"
+            label = f"{profile['display_name']} — cannot run on this pool: {profile['never_fits']}"
+        else:
+            now, queued = int(profile.get("available_now", 0)), int(profile.get("queued", 0))
+            waiting = f", {queued} queued" if queued else ""
+            label = f"{profile['display_name']} — {now} free now{waiting}"
         choices.append((label, str(profile["slug"])))
     return choices
+
+
+def default_profile(profiles: Iterable[Mapping[str, Any]]) -> str | None:
+    """The slug the spawn form would check: the default profile, else the first the pool can run."""
+    usable = [p for p in profiles if not p.get("never_fits")]
+    chosen = next((p for p in usable if p.get("default")), usable[0] if usable else None)
+    return str(chosen["slug"]) if chosen else None
 
 
 def jobs_table(jobs: Iterable[Mapping[str, Any]]) -> str:
@@ -164,7 +173,7 @@ class JobPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             return
         if self._about_service:
             self._say("")  # answered: the waiting, or the last failure, is over
-        self._show(profile_choices(profiles), jobs)
+        self._show(profile_choices(profiles), jobs, default_profile(profiles))
         if self.chosen.value:
             try:
                 log = await self.connection.atext(f"jobs/{self.chosen.value}/logs", offset=0)
@@ -172,15 +181,18 @@ class JobPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             except GpupoolError as error:
                 self.log_view.value = str(error)
 
-    def _show(self, choices: list[tuple[str, str]], jobs: list[dict[str, Any]]) -> None:
+    def _show(self, choices: list[tuple[str, str]], jobs: list[dict[str, Any]], default: str | None) -> None:
+        """The choices (keeping the user's pick, else the form's default), the table, and the job whose log
+        shows: the one just submitted or picked, else the newest."""
         if choices != list(self.profile.options):
-            keep = self.profile.value
+            keep = self.profile.value or default
             self.profile.options = choices
-            if keep in {slug for _, slug in choices}:
-                self.profile.value = keep
+            slugs = {slug for _, slug in choices}
+            self.profile.value = keep if keep in slugs else default if default in slugs else None
         self.table.value = jobs_table(jobs)
+        newest = max(jobs, key=lambda j: j.get("submitted_at", 0))["id"] if jobs else None
         ids = [(f"{j['id']} {j['name']} ({j['state']})", j["id"]) for j in reversed(jobs)]
-        keep, self._choose = self._choose or self.chosen.value, None
+        keep, self._choose = self._choose or self.chosen.value or newest, None
         if ids != list(self.chosen.options):
             self.chosen.options = ids
         if keep in {i for _, i in ids} and keep != self.chosen.value:
