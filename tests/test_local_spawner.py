@@ -29,6 +29,7 @@ from hub_harness import (
     wait_for,
     write_hub_config,
 )
+from jupyterhub.utils import format_exception
 
 from gpupool.spawner.hub.compat import SpawnException
 from gpupool.spawner.hub.spawner import SimpleLocalGPUSpawner, lease_env
@@ -344,6 +345,8 @@ def test_a_spawn_still_queued_at_start_timeout_gives_up_and_releases_its_lease()
             "Gave up after 1s in the queue for One H100 (Waiting for a free H100-80GB: 2 ahead of you); "
             "try again later or choose another profile"
         )
+        # what the hub's progress page says after "Spawn failed: ": the sentence, not the exception's repr
+        assert format_exception(refused.value)[0] == refused.value.message
         await spawner.stop()  # what the hub does next: no second release
         return [event async for event in spawner.progress()]
 

@@ -2,19 +2,21 @@
 
 Zero to JupyterHub's charts ship JupyterHub 5.x in their hub image; :class:`SpawnException` (a spawn refused
 for a reason the user should read, with an HTTP status) arrived in 6.0. On 5.x the stand-in below gives the
-same interface, and sets ``jupyterhub_message``, which JupyterHub 5 shows on the spawn page.
+same interface. Both set ``jupyterhub_message``, which the hub's progress page shows as the reason.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import jupyterhub  # type: ignore[import-untyped]
 from tornado import web
 
 try:
-    from jupyterhub.spawner import SpawnException  # type: ignore[import-untyped]
+    from jupyterhub.spawner import SpawnException as _HubSpawnException  # type: ignore[import-untyped]
 except ImportError:  # JupyterHub < 6
 
-    class SpawnException(web.HTTPError):  # type: ignore[no-redef]
+    class SpawnException(web.HTTPError):
         """JupyterHub 6's ``SpawnException`` for JupyterHub 5: ``message`` is what the user reads."""
 
         def __init__(
@@ -35,6 +37,17 @@ except ImportError:  # JupyterHub < 6
 
         def __str__(self) -> str:
             return f"{self.status_code} SpawnException(reason={self.reason}): {self.get_message()}"
+
+
+else:
+
+    class SpawnException(_HubSpawnException):  # type: ignore[no-redef,misc]
+        """JupyterHub 6's ``SpawnException``, with ``jupyterhub_message`` set: the progress page then says
+        "Spawn failed: <the message>", a sentence, not "503 SpawnException(reason=…): …"."""
+
+        def __init__(self, message: str, **kwargs: Any) -> None:
+            super().__init__(message, **kwargs)
+            self.jupyterhub_message = message
 
 
 __all__ = ["SpawnException", "service_start_timeout"]
