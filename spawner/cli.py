@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from . import pool_command
 from .hub import up
 
 # Each command imports what it needs when it runs: ``gpupool up`` becomes JupyterHub, and every import before
@@ -142,15 +143,6 @@ def _add_up(commands: Any) -> None:
     hub.set_defaults(handler=_up)
 
 
-def _add_pool(commands: Any) -> None:
-    pool = commands.add_parser("pool", help="show the inventory and what is free")
-    pool.add_argument(
-        "--pool", metavar="FILE", help="a pool file (simulated backend); default: this host's GPUs"
-    )
-    pool.add_argument("--json", action="store_true", help="print JSON instead of text")
-    pool.set_defaults(handler=_pool)
-
-
 def _add_mig(commands: Any) -> None:
     mig_parser = commands.add_parser("mig", help="MIG geometry of a GPU product")
     mig_commands = mig_parser.add_subparsers(dest="mig_command", required=True)
@@ -254,19 +246,6 @@ def _up(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
     )
     up.run(prepared)  # this process becomes JupyterHub, until it stops
-    return 0
-
-
-def _pool(args: argparse.Namespace) -> int:
-    from .backends.discovery import discover_pool
-    from .inventory import describe_pool, render_pool
-    from .pool.state import PoolState
-
-    found = discover_pool(args.pool)
-    if found.note:
-        print(f"gpupool: {found.note}", file=sys.stderr)
-    description = describe_pool(PoolState(found.nodes), found.backend, found.source)
-    print(json.dumps(description, indent=2) if args.json else render_pool(description))
     return 0
 
 
@@ -390,7 +369,7 @@ def _positive(text: str) -> float:
 # The commands whose parsers live here, in the order the help lists them (before kube, jobs and drain).
 OWN_COMMANDS: dict[str, Callable[[Any], None]] = {
     "up": _add_up,
-    "pool": _add_pool,
+    "pool": pool_command.add_pool_command,
     "mig": _add_mig,
     "bench": _add_bench,
 }

@@ -8,3 +8,9 @@ SERVICE_PREFIX = f"/services/{SERVICE_NAME}/"
 
 API_PATH = "api/v1"
 """The versioned API under :data:`SERVICE_PREFIX`."""
+
+UP_STATE = ".gpupool"
+"""``gpupool up``'s state folder by default (``--state-dir``)."""
+
+SERVICE_FILE = "service.json"
+"""In that folder: where ``gpupool up``'s service listens, so the ``gpupool`` commands run there find it."""

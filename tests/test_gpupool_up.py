@@ -7,6 +7,7 @@ stopped with SIGTERM, which JupyterHub passes on to the proxy and the services i
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import re
@@ -188,6 +189,36 @@ def test_a_stopped_hub_returns_its_servers_leases_before_its_service_goes(start:
     log = up.log.read_text()
     assert "Stopping 1 single-user servers before the services" in log
     assert "cannot reach the gpupool service" not in log
+
+
+def test_gpupool_pool_where_gpupool_up_runs_shows_the_live_pool(start: tuple[Path, int]) -> None:
+    """Not the pool file: the running service's pool, found through the state folder, with the demo user's
+    H100 held (one whole GPU fewer free than the file has)."""
+    tmp, port = start
+    up = start_up(tmp, tmp / "state", port, extra_config(tmp))
+    try:
+        with contextlib.closing(_demo_hub_api(up)) as hub:
+            started = hub.post("/users/demo/server", json={"profile": "h100"})
+            assert started.status_code in (201, 202), started.text
+            deadline = time.monotonic() + 90
+            while not hub.get("/users/demo").json()["servers"].get("", {}).get("ready"):
+                assert time.monotonic() < deadline, up.log_tail()
+                time.sleep(0.2)
+
+            def pool(*args: str) -> subprocess.CompletedProcess[str]:
+                command = [sys.executable, "-m", "gpupool.spawner.cli", "pool", *args]
+                return subprocess.run(command, cwd=tmp, capture_output=True, text=True, timeout=60)
+
+            live = json.loads(pool("--state-dir", "state", "--json").stdout)
+            on_file = json.loads(pool("--pool", str(DEMO_POOL), "--json").stdout)
+            assert live["summary"]["whole_gpus_free"] == on_file["summary"]["whole_gpus_free"] - 1
+            text = pool("--state-dir", "state")
+            assert text.stdout.startswith("Live, from the gpupool service at http://127.0.0.1:"), text.stdout
+            elsewhere = pool("--state-dir", "nowhere")  # no gpupool up there: the devices, and it says so
+            assert "not the live pool (no running gpupool service found)" in elsewhere.stderr
+            assert hub.delete("/users/demo/server").status_code in (202, 204)
+    finally:
+        up.stop()
 
 
 def test_a_restart_keeps_the_password_and_both_databases(start: tuple[Path, int]) -> None:

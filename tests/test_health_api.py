@@ -120,6 +120,7 @@ def test_an_admin_drains_a_gpu_its_job_moves_new_work_waits_and_undrain_brings_i
         out = gpupool(hub, "admin", "drain", f"{NODE}/{drained}")
         assert out.returncode == 0, out.stderr
         assert out.stdout.startswith(f"{NODE}/{drained}\tdrained\tjobs requeued: {first['id']}"), out.stdout
+        assert f"{first['id']} ({first['user']}'s {first['name']})" in out.stdout  # who it is, not only an id
         assert health(me, drained) == "drained"
 
         until(lambda: running_on(me, first["id"]) == other, "the requeued job to run on the other GPU")

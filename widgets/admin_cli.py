@@ -40,11 +40,34 @@ def parse_device(text: str) -> dict[str, Any]:
 
 def _drain(args: argparse.Namespace) -> int:
     body = parse_device(args.device)
-    out = Connection(args.url, args.token).call("POST", "admin/drain", json=body)
-    print(f"{args.device}\t{out['health']}\tjobs requeued: {', '.join(out['stopped_jobs']) or 'none'}")
+    connection = Connection(args.url, args.token)
+    out = connection.call("POST", "admin/drain", json=body)
+    jobs = ", ".join(_job(connection, job_id) for job_id in out["stopped_jobs"]) or "none"
+    print(f"{args.device}\t{out['health']}\tjobs requeued: {jobs}")
     if out["servers"]:
-        print(f"servers still running there: {', '.join(out['servers'])}")
+        print(
+            f"servers still running there: {', '.join(_server(connection, lease) for lease in out['servers'])}"
+        )
     return 0
+
+
+def _job(connection: Connection, job_id: str) -> str:
+    """``J7q2 (alice's train)``: who a requeued job is, not only its id."""
+    try:
+        job = connection.call("GET", f"jobs/{job_id}")
+    except GpupoolError:
+        return job_id
+    return f"{job_id} ({job['user']}'s {job['name']})"
+
+
+def _server(connection: Connection, lease_id: str) -> str:
+    """``alice's server`` (a named one: ``alice's server gpu``), with its lease for the record."""
+    try:
+        lease = connection.call("GET", f"leases/{lease_id}")
+    except GpupoolError:
+        return f"lease {lease_id}"
+    name = f" {lease['owner_name']}" if lease.get("owner_name") else ""
+    return f"{lease['user']}'s server{name} (lease {lease_id})"
 
 
 def _undrain(args: argparse.Namespace) -> int:

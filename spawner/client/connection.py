@@ -14,15 +14,17 @@ share it. The synchronous client is made on first use, so the widgets never pay 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import weakref
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from ..names import API_PATH, SERVICE_PREFIX
+from ..names import API_PATH, SERVICE_FILE, SERVICE_PREFIX, UP_STATE
 from . import errors
 from .errors import GpupoolError
 
@@ -45,20 +47,44 @@ def _loop_client() -> httpx.AsyncClient:
 
 
 def locate(
-    url: str | None = None, token: str | None = None, environ: Mapping[str, str] | None = None
+    url: str | None = None,
+    token: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    state_dir: str | Path = UP_STATE,
 ) -> tuple[str, str]:
-    """The service's URL and the token, from the arguments or else the environment; a missing one is a
-    :class:`GpupoolError` (status 0) that says what to set."""
+    """The service's URL and the token: from the arguments, else the environment, else the state folder of a
+    ``gpupool up`` started here (:func:`local_service`); a missing one is a :class:`GpupoolError` (status 0)
+    that says what to set."""
     env = os.environ if environ is None else environ
     url = url or env.get(URL_ENV)
     token = token or env.get(TOKEN_ENV)
+    if not (url and token):
+        found = local_service(state_dir)
+        url, token = url or (found and found[0]), token or (found and found[1])
     if not url:
         raise GpupoolError(
-            0, "not_configured", f"no gpupool service: {URL_ENV} is not set; pass url=… (e.g. {EXAMPLE_URL})"
+            0,
+            "not_configured",
+            f"no gpupool service: set {URL_ENV} or pass --url (url=… in Python), e.g. {EXAMPLE_URL}; or run "
+            f"this where gpupool up keeps its state ({state_dir}/)",
         )
     if not token:
-        raise GpupoolError(0, "not_configured", f"no token: {TOKEN_ENV} is not set; pass token=…")
+        raise GpupoolError(
+            0, "not_configured", f"no token: set {TOKEN_ENV} or pass --token (token=… in Python)"
+        )
     return url, token
+
+
+def local_service(state_dir: str | Path = UP_STATE) -> tuple[str, str] | None:
+    """The service a ``gpupool up`` in ``state_dir`` runs, and its spawners' token (which sees the whole
+    pool): None when there is none, or the folder is not this account's to read."""
+    folder = Path(state_dir)
+    try:
+        url = str(json.loads((folder / SERVICE_FILE).read_text())["url"])
+        token = (folder / "gpupool-hub-token").read_text().strip()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (url, token) if url and token else None
 
 
 class Connection:
@@ -76,8 +102,9 @@ class Connection:
         *,
         environ: Mapping[str, str] | None = None,
         timeout: float = 30.0,
+        state_dir: str | Path = UP_STATE,
     ) -> None:
-        url, self._token = locate(url, token, environ)
+        url, self._token = locate(url, token, environ, state_dir)
         self.base_url = url.rstrip("/") + "/"
         self.api_url = self.base_url + API_PATH
         self.timeout = timeout

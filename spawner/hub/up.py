@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from .. import orphans
 from ..files.quotas_file import EXAMPLE_QUOTAS
-from ..names import SERVICE_NAME, SERVICE_PREFIX
+from ..names import SERVICE_FILE, SERVICE_NAME, SERVICE_PREFIX
 from .compat import service_start_timeout
 from .up_checks import UpError as UpError  # the error gpupool up's callers catch
 from .up_checks import check_data_files, check_request
@@ -325,6 +325,8 @@ def prepare(
         kubeconfig=str(Path(kubeconfig).resolve()) if kubeconfig else None,
         **(account or {}),
     )
+    spawner_token(state)  # made now: with service.json, the gpupool commands run here find the live service
+    (state / SERVICE_FILE).write_text(json.dumps({"url": settings.service_url}))
     if found is None:
         messages = [
             f"gpupool: pool from the Kubernetes cluster of {settings.kubeconfig}; servers are pods in namespace "

@@ -1,0 +1,73 @@
+"""``gpupool pool``: the pool as it is now when a gpupool service runs, else as this host or a pool file has it.
+
+The live pool (who holds what, drains, faults, what is free this minute) comes from the running service's
+``GET pool``: the one given with ``--url``/``--token`` (or ``GPUPOOL_SERVICE_URL``/``JUPYTERHUB_API_TOKEN``), or
+the one a ``gpupool up`` keeps in its state folder here (``--state-dir``, default ``.gpupool``). Without one,
+or with ``--pool FILE``, the devices are read as the service would read them at start, and the output says it
+is not the live pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .names import UP_STATE
+
+
+def add_pool_command(commands: Any) -> None:
+    pool = commands.add_parser(
+        "pool", help="show the pool and what is free: live from the running service, else its devices"
+    )
+    pool.add_argument("--pool", metavar="FILE", help="a pool file (simulated backend), never the live pool")
+    pool.add_argument("--url", help="the gpupool service (default: $GPUPOOL_SERVICE_URL, else --state-dir's)")
+    pool.add_argument(
+        "--token", help="a JupyterHub API token (default: $JUPYTERHUB_API_TOKEN, else --state-dir's)"
+    )
+    pool.add_argument(
+        "--state-dir", default=UP_STATE, metavar="DIR", help=f"gpupool up's state folder (default {UP_STATE})"
+    )
+    pool.add_argument("--json", action="store_true", help="print JSON instead of text")
+    pool.set_defaults(handler=show_pool)
+
+
+def show_pool(args: argparse.Namespace) -> int:
+    from .client import GpupoolError
+    from .client.connection import Connection
+    from .inventory import render_pool
+
+    description = None
+    if args.pool is None:
+        try:
+            connection = Connection(args.url, args.token, state_dir=args.state_dir)
+            description = connection.call("GET", "pool")
+            heading = f"Live, from the gpupool service at {connection.base_url}"
+        except GpupoolError as error:
+            if args.url or args.token:  # asked for the service: its refusal is the answer
+                raise SystemExit(f"gpupool: {error}") from None
+            why = "no running gpupool service found" if error.status == 0 else str(error)
+            print(
+                f"gpupool: not the live pool ({why}): the devices as the service would find them",
+                file=sys.stderr,
+            )
+    if description is None:
+        description = _devices(args.pool)
+        heading = ""
+    if args.json:
+        print(json.dumps(description, indent=2))
+    else:
+        print("\n".join(filter(None, [heading, render_pool(description)])))
+    return 0
+
+
+def _devices(pool_file: str | None) -> dict[str, Any]:
+    from .backends.discovery import discover_pool
+    from .inventory import describe_pool
+    from .pool.state import PoolState
+
+    found = discover_pool(pool_file)
+    if found.note:
+        print(f"gpupool: {found.note}", file=sys.stderr)
+    return describe_pool(PoolState(found.nodes), found.backend, found.source)
