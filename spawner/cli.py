@@ -127,7 +127,13 @@ def _add_up(commands: Any) -> None:
         "(e.g. the KUBECONFIG that `gpupool kube up` prints)",
     )
     hub.add_argument("--ip", default="127.0.0.1", help="where users connect (default 127.0.0.1)")
-    hub.add_argument("--port", type=int, default=8000, help="the public port (default 8000)")
+    hub.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="the public port (default 8000); the proxy's API, the hub and the gpupool service take port+1, "
+        "port+81 and port+2101 on loopback",
+    )
     hub.add_argument(
         "--state-dir",
         default=".gpupool",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from typing import Any
 
 from gpupool.spawner.client import GpupoolError
@@ -108,7 +109,8 @@ def test_a_cull_warning_of_this_server_says_when_and_why_and_others_are_not_show
         {"user": "alice", "server": "big", "lease_id": "L2", "cull_at": 1010.0, "reason": "other server"},
     ]
     shown = warning_lines(warnings, now=1000.0, lease_id="L1")
-    assert "stopped in 5 min: GPU idle for 2 h" in shown and "other server" not in shown
+    at = time.strftime("%H:%M", time.localtime(1300.0))  # the clock time of the cull, not only "in 5 min"
+    assert f"stopped in 5 min (at {at}): GPU idle for 2 h" in shown and "other server" not in shown
     assert warning_lines([], now=0) == ""
 
 

@@ -174,6 +174,7 @@ def warning_lines(warnings: Iterable[Mapping[str, Any]], *, now: float, lease_id
         if isinstance(cull_at, (int, float)):
             left = cull_at - now
             when = f"in {left / 60:.0f} min" if left >= 60 else ("in under a minute" if left > 0 else "now")
+            when += time.strftime(" (at %H:%M)", time.localtime(cull_at))  # the server's clock, as the log's
         reason = str(warning.get("reason") or "idle")
         text = f"This server will be stopped {when}: {reason}"
         lines.append(f'<div class="gpupool-warning">⚠ {html.escape(text)}</div>')
