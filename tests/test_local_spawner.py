@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,6 +33,7 @@ from hub_harness import (
 from jupyterhub.utils import format_exception
 
 from gpupool.spawner.hub.compat import SpawnException
+from gpupool.spawner.hub.leasing import check_user_options
 from gpupool.spawner.hub.spawner import SimpleLocalGPUSpawner, lease_env
 
 ADMIN_TOKEN = "test-admin-token-spawner-0123456789abcdef"
@@ -353,6 +355,37 @@ def test_a_spawn_still_queued_at_start_timeout_gives_up_and_releases_its_lease()
     events = asyncio.run(run())
     assert service.released == ["L1"]
     assert "Waiting for a free H100-80GB: 2 ahead of you" in [e["message"] for e in events]
+
+
+def test_a_profiles_queue_wait_is_how_long_a_spawn_waits_then_the_server_has_the_start_timeout(
+    tmp_path: Path,
+) -> None:
+    """``queue_wait: 2s`` on a profile: the spawn waits 2 s in the queue (not the hub's start_timeout), and
+    JupyterHub, which reads start_timeout as the spawn begins, gets the configured 60 s on top of it."""
+    profiles = tmp_path / "profiles.yaml"
+    profiles.write_text(
+        "profiles:\n  - {slug: h100, display_name: One H100, gpus: {count: 1}, cpu: 1, memory: 1GiB,"
+        " queue_wait: 2s}\n"
+    )
+    service = ScriptedService("queued")
+    spawner = _offline_spawner(
+        service, start_timeout=60, lease_poll_interval=0.05, profiles_file=str(profiles)
+    )
+    check_user_options(spawner, {"profile": "h100"})  # JupyterHub's apply_user_options, before the spawn
+    assert spawner.start_timeout == 62
+    check_user_options(spawner, {"profile": "h100"})  # a second spawn: still the configured 60 plus 2
+    assert spawner.start_timeout == 62
+    spawner.user_options = {"profile": "h100"}
+
+    async def run() -> float:
+        started = time.monotonic()
+        with pytest.raises(SpawnException) as refused:
+            await spawner.start()
+        assert refused.value.message.startswith("Gave up after 2s in the queue for One H100")
+        return time.monotonic() - started
+
+    assert 2 <= asyncio.run(run()) < 10
+    assert service.released == ["L1"]
 
 
 def test_a_restarted_hub_that_finds_the_server_dead_releases_its_lease_once() -> None:

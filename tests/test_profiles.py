@@ -196,13 +196,15 @@ def test_an_unknown_slug_lists_the_valid_ones() -> None:
 def test_durations_are_written_with_units_or_as_seconds(written: object, seconds: int) -> None:
     value = repr(written) if isinstance(written, str) else written
     profile = one(f"    idle_timeout: {value}\n    max_lifetime: {value}\n    gpus: {{count: 1}}\n"
-                  f"    gpu_idle_timeout: {value}\n")  # fmt: skip
+                  f"    gpu_idle_timeout: {value}\n    queue_wait: {value}\n")  # fmt: skip
     assert profile.idle_timeout == profile.max_lifetime == profile.gpu_idle_timeout == seconds
+    assert profile.queue_wait == seconds
 
 
 def test_durations_left_out_are_none() -> None:
     profile = one("")
     assert (profile.idle_timeout, profile.max_lifetime, profile.gpu_idle_timeout) == (None, None, None)
+    assert profile.queue_wait is None
 
 
 @pytest.mark.parametrize("written", ["'30 minutes'", "1.5h", "1.5", "-5", "true", "'h'", "'30m1h'", "''"])
@@ -239,7 +241,7 @@ ERRORS = [
     (PROFILE + "    dispaly_name: Q\n",
      "profiles.yaml: profile p: unknown field 'dispaly_name' (did you mean 'display_name'?); allowed fields "
      "are slug, display_name, description, gpus, mig, share, cpu, memory, groups, idle_timeout, "
-     "max_lifetime, gpu_idle_timeout, default"),
+     "max_lifetime, gpu_idle_timeout, queue_wait, default"),
     (PROFILE + "    gpus: {cout: 1}\n",
      "profiles.yaml: profile p: unknown field 'cout' in gpus (did you mean 'count'?); allowed fields are "
      "count, products, min_memory_gb"),

@@ -27,7 +27,7 @@ EXAMPLE_PROFILES: Path = Path(str(files("gpupool.hub_config").joinpath("profiles
 
 _FIELDS = (
     "slug", "display_name", "description", "gpus", "mig", "share", "cpu", "memory", "groups",
-    "idle_timeout", "max_lifetime", "gpu_idle_timeout", "default",
+    "idle_timeout", "max_lifetime", "gpu_idle_timeout", "queue_wait", "default",
 )  # fmt: skip
 _GPU_FIELDS = {
     "gpus": ("count", "products", "min_memory_gb"),
@@ -99,7 +99,7 @@ def _profile(source: str, position: int, raw: object) -> Profile:
     memory_mib = parse_memory_mib(where, required_field(where, raw, "memory"), "16GiB", _LARGEST)
     description = _text(where, raw, "description")
     groups = _names(where, raw.get("groups"), "groups", "[gpu-users]")
-    idle, lifetime, gpu_idle = (_seconds(where, raw.get(field), field) for field in DURATIONS)
+    idle, lifetime, gpu_idle, queue_wait = (_seconds(where, raw.get(field), field) for field in DURATIONS)
     try:
         return Profile(
             slug=slug,
@@ -112,6 +112,7 @@ def _profile(source: str, position: int, raw: object) -> Profile:
             idle_timeout=idle,
             max_lifetime=lifetime,
             gpu_idle_timeout=gpu_idle,
+            queue_wait=queue_wait,
             default=bool(default),
         )
     except ProfileError as error:  # only the invariants Profile checks itself: the prefix is not there yet

@@ -10,7 +10,8 @@ Lifecycle contract, on top of JupyterHub's:
 - ``start()``: release any lease the service still holds for this server (a crash left it), then create a
   lease; while it is queued, poll it every ``lease_poll_interval`` seconds and report the queue position
   through ``progress()``. A service that does not answer (restarting: it restores the queue from its store)
-  is waited for. Give up shortly before ``start_timeout``, releasing the lease, saying what it waited for.
+  is waited for. Give up after the profile's ``queue_wait`` (:mod:`.queue_wait`), else shortly before
+  ``start_timeout``, releasing the lease, saying what it waited for.
   Once granted, :meth:`GpuLeasing.apply_lease` pins the server to it and the base spawner starts it.
 - ``get_state``/``load_state`` keep the lease id beside the base spawner's state: a restarted hub knows it.
 - ``stop()``, or a ``poll()`` that finds the server gone: the lease is released, once per spawner (the
@@ -37,6 +38,7 @@ from ..names import SERVICE_PREFIX
 from ..pool.profiles import Profile, UnknownProfile
 from . import form
 from .compat import SpawnException
+from .queue_wait import fit_start_timeout, queue_deadline
 
 TOKEN_ENV = "GPUPOOL_API_TOKEN"
 _STATE_KEY = "gpupool_lease_id"
@@ -48,8 +50,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
     ``class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner)``; see the module docstring.
 
     A subclass says what a granted lease means for its servers in :meth:`apply_lease`; the rest (asking,
-    queueing with progress events, keeping the lease in the state, releasing it exactly once) is here.
-    """
+    queueing with progress events, keeping the lease in the state, releasing it exactly once) is here."""
 
     service_url = Unicode(
         config=True,
@@ -60,8 +61,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
 
             c.LocalGPUSpawner.service_url  # or c.KubeGPUSpawner = "http://127.0.0.1:10101{SERVICE_PREFIX}"
 
-        It is also what the single-user server gets in ``GPUPOOL_SERVICE_URL``.
-        """,
+        It is also what the single-user server gets in ``GPUPOOL_SERVICE_URL``.""",
     )
 
     service_api_token = Unicode(
@@ -73,8 +73,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
             c.JupyterHub.services.append({{"name": "gpupool-spawner", "api_token": token}})
             c.JupyterHub.load_roles.append({{"name": "gpupool-spawner", "services": ["gpupool-spawner"],
                 "scopes": ["custom:gpupool:leases", "access:services!service=gpupool"]}})
-            c.LocalGPUSpawner.service_api_token = token  # or c.KubeGPUSpawner
-        """,
+            c.LocalGPUSpawner.service_api_token = token  # or c.KubeGPUSpawner""",
     )
 
     profiles_file = Unicode(
@@ -83,17 +82,17 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         help="""The profiles file (YAML) the spawn form offers; give the service the same file
         (``GPUPOOL_PROFILES``). It is read and checked when set, so a bad file stops the hub at start-up::
 
-            c.LocalGPUSpawner.profiles_file = "/etc/jupyterhub/profiles.yaml"
+            c.LocalGPUSpawner.profiles_file = "/etc/gpupool/profiles.yaml"
 
-        Default: the shipped example, ``hub_config/profiles.yaml``.
-        """,
+        Default: the shipped example, ``hub_config/profiles.yaml``.""",
     )
 
     lease_poll_interval = Float(
         1.0,
         config=True,
         help="""Seconds between looks at a queued lease while a spawn waits for free devices, e.g. ``2.5``.
-        Each look is one cheap API call; the wait ends shortly before ``start_timeout``.""",
+        Each look is one cheap API call; the wait ends after the profile's ``queue_wait``, else shortly
+        before ``start_timeout``.""",
     )
 
     lease_id = Unicode("", help="The gpupool lease this server holds ('' when none); kept in the state.")
@@ -128,9 +127,8 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
 
     @validate("profiles_file")
     def _validate_profiles_file(self, proposal: dict[str, Any]) -> str:
-        path = str(proposal["value"])
-        read_profiles(path)  # fail now, naming the file and the field
-        return path
+        read_profiles(str(proposal["value"]))  # fail now, naming the file and the field
+        return str(proposal["value"])
 
     @validate("lease_poll_interval")
     def _validate_poll_interval(self, proposal: dict[str, Any]) -> float:
@@ -296,7 +294,8 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
     async def _lease(self, service: ServiceClient, profile: Profile) -> dict[str, Any]:
         """A granted lease for ``profile``, or an error after releasing whatever was asked for."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(1.0, self.start_timeout - max(2.0, self.lease_poll_interval))
+        waited = queue_deadline(self, profile, margin=max(2.0, self.lease_poll_interval))
+        deadline = loop.time() + waited
         lease = await self._create(service, profile, deadline)
         self.lease_id = str(lease["id"])
         said, down = "", False
@@ -308,7 +307,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
                     said = message
                 if loop.time() >= deadline:
                     raise SpawnException(
-                        f"Gave up after {self.start_timeout:g}s in the queue for {profile.display_name} "
+                        f"Gave up after {waited:g}s in the queue for {profile.display_name} "
                         f"({message}); try again later or choose another profile",
                         reason="gpupool_queue_timeout",
                         status_code=503,
@@ -396,5 +395,6 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
 
 
 def check_user_options(spawner: GpuLeasing, user_options: Mapping[str, Any]) -> None:
-    """``apply_user_options``: refuse an unknown or forbidden profile before anything starts."""
-    spawner.resolve_profile(user_options)
+    """``apply_user_options``: refuse an unknown or forbidden profile before anything starts; give the spawn
+    its profile's queue wait (:mod:`.queue_wait`)."""
+    fit_start_timeout(spawner, spawner.resolve_profile(user_options))

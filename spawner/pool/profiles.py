@@ -18,7 +18,7 @@ from .mig import GEOMETRIES, NotMigCapable, UnknownMigProfile, geometry, profile
 from .products import mib_to_marketed_gb
 from .requests import GpuNeed, MigSlice, Request, WholeGpus
 
-DURATIONS = ("idle_timeout", "max_lifetime", "gpu_idle_timeout")  # fields in seconds
+DURATIONS = ("idle_timeout", "max_lifetime", "gpu_idle_timeout", "queue_wait")  # fields in seconds
 _DURATION = re.compile(r"(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
 
 
@@ -60,6 +60,9 @@ class Profile:
     idle_timeout: int | None = None
     max_lifetime: int | None = None
     gpu_idle_timeout: int | None = None
+    queue_wait: int | None = (
+        None  # how long a spawn may wait in the queue (None: the spawner's start_timeout)
+    )
     default: bool = False
 
     def __post_init__(self) -> None:
