@@ -118,10 +118,11 @@ def prometheus(service: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     try:
 
         def scraped_twice() -> bool:
-            answer = client.get(
-                "/query", params={"query": "count_over_time(gpupool_queue_length[1m])"}
-            ).json()
-            return bool(answer["data"]["result"]) and float(answer["data"]["result"][0]["value"][1]) >= 3
+            answer = client.get("/query", params={"query": "count_over_time(gpupool_queue_length[1m])"})
+            if answer.status_code != 200:  # 503 while its storage starts
+                return False
+            result = answer.json()["data"]["result"]
+            return bool(result) and float(result[0]["value"][1]) >= 3
 
         wait_for(scraped_twice, "Prometheus scraping gpupool", log, 60)
         yield client
@@ -139,7 +140,10 @@ def _queries() -> list[tuple[str, str]]:
 def test_every_panel_query_parses_and_returns_data(prometheus: httpx.Client, panel: str, query: str) -> None:
     answer: dict[str, Any] = {}
     for _ in pauses(20):  # the first scrapes are in; a rate or increase may want one more
-        answer = prometheus.get("/query", params={"query": query}).json()
+        response = prometheus.get("/query", params={"query": query})
+        answer = (
+            response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+        )
         if answer.get("status") == "success" and answer["data"]["result"]:
             return
     pytest.fail(f"{panel}: {query} returned {answer}")

@@ -15,6 +15,7 @@ import os
 import pwd
 import re
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="installs into /opt, /
 ROOT = Path(__file__).resolve().parent.parent
 LAYOUT = Layout()
 URL = "http://127.0.0.1:8000"
+PORTS = (8000, 8001, 8081, 10101)  # the proxy, its API, the hub, the gpupool service
 USER, PASSWORD = "ada", "first-day-on-the-gpus"
 SERVER_PROFILE, JOB_PROFILE = "mig-1g", "cpu"
 # What the job prints: who it runs as, and the memory limit of its own control group (v1 or v2).
@@ -63,6 +65,12 @@ class Hub:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        for port in PORTS:  # the production configuration's own ports: say so if something holds one
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    pytest.fail(
+                        f"port {port} is taken (a `make run` of yours?): the installed hub listens there"
+                    )
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [str(LAYOUT.launcher)],
