@@ -221,6 +221,26 @@ def test_gpupool_pool_where_gpupool_up_runs_shows_the_live_pool(start: tuple[Pat
         up.stop()
 
 
+def test_ctrl_c_as_soon_as_the_login_page_answers_leaves_no_proxy_behind(start: tuple[Path, int]) -> None:
+    """The login page answers while the hub still starts its services; a Ctrl-C then (SIGINT, as a terminal
+    sends it to ``make run``) used to end the hub without its cleanup, leaving the proxy on the port."""
+    tmp, port = start
+    up = start_up(tmp, tmp / "state", port, extra_config(tmp))
+    proxies = [pid for pid, line in _children(up.process.pid).items() if "configurable-http-proxy" in line]
+    assert proxies, _children(up.process.pid)
+    up.process.send_signal(signal.SIGINT)
+    up.process.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in proxies) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        assert not any(_alive(pid) for pid in proxies), up.log_tail()
+    finally:
+        for pid in proxies:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_restart_keeps_the_password_and_both_databases(start: tuple[Path, int]) -> None:
     tmp, port = start
     state = tmp / "state"

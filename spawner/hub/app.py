@@ -10,12 +10,24 @@ configuration: servers outlive a hub restart) nothing changes.
 from __future__ import annotations
 
 import asyncio
+import atexit
 
 from jupyterhub.app import JupyterHub  # type: ignore[import-untyped]
 
 
 class GpupoolHub(JupyterHub):  # type: ignore[misc]
-    """JupyterHub whose shutdown stops the users' servers while the gpupool service still runs."""
+    """JupyterHub whose shutdown stops the users' servers while the gpupool service still runs, and whose
+    proxy never outlives a Ctrl-C that comes while it is still starting (JupyterHub handles the signal only
+    once it has started: before, the interrupt ends the process without its cleanup)."""
+
+    async def start(self) -> None:
+        atexit.register(self._stop_proxy_left_running)
+        await super().start()
+
+    def _stop_proxy_left_running(self) -> None:
+        process = getattr(self.proxy, "proxy_process", None)
+        if process is not None and process.poll() is None:
+            process.terminate()
 
     async def cleanup(self) -> None:
         if self.cleanup_servers:
