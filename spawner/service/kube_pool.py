@@ -190,6 +190,7 @@ class KubeSampler:
         self._leases: Callable[[], list[Lease]] = list
         self._pods: Callable[[], dict[str, Obj]] = dict
         self._client: httpx.Client | None = None
+        self._readers: ThreadPoolExecutor | None = None
         self._failing: set[str] = set()
 
     def connect(self, leases: Callable[[], list[Lease]], pods: Callable[[], dict[str, Obj]]) -> None:
@@ -198,12 +199,13 @@ class KubeSampler:
 
     def open(self) -> None:
         self._client = httpx.Client(timeout=self.timeout)
+        self._readers = ThreadPoolExecutor(8, "dcgm")  # one slow exporter must not hold up the others
 
     def sample(self, at: float) -> Snapshot:
         pods = self._pods()
         exporters = dcgm.exporters(pods.values())
-        with ThreadPoolExecutor(max_workers=8) as pool:  # one slow exporter must not hold up the others
-            found = list(pool.map(self._read, [url for url, _ in exporters]))
+        assert self._readers is not None, "open() first"
+        found = list(self._readers.map(self._read, [url for url, _ in exporters]))
         readings = [
             reading for (_, node), read in zip(exporters, found, strict=True) for reading in read
             if dcgm.on_node(reading, node, pods)  # an exporter speaks only for pods on its own node
@@ -213,8 +215,8 @@ class KubeSampler:
         return Snapshot(at, tuple(samples), False, "kubernetes")
 
     def _read(self, url: str) -> list[dcgm.Reading]:
+        assert self._client is not None, "open() first"
         try:
-            assert self._client is not None, "open() first"
             answer = self._client.get(url)
             answer.raise_for_status()
             readings = dcgm.parse_readings(answer.text)
@@ -227,6 +229,8 @@ class KubeSampler:
         return readings
 
     def close(self) -> None:
+        if self._readers is not None:
+            self._readers.shutdown(wait=False, cancel_futures=True)
         if self._client is not None:
             self._client.close()
 

@@ -59,11 +59,11 @@ class ServiceParts:
         """Where the API's routes live: ``/services/gpupool/api/v1``."""
         return "/" + self.prefix.strip("/") + "/" + API_PATH
 
-    def host_use(self, lease: Lease) -> HostUse | None:
-        """What ``lease``'s server or job uses of its CPU and memory; None on Kubernetes (the kubelet's to
-        tell)."""
+    def host_use(self, lease: Lease) -> HostUse:
+        """What ``lease``'s server or job uses of its CPU and memory; on Kubernetes only its limits (the pod's
+        use is the kubelet's to tell)."""
         if self.host_usage is None:
-            return None
+            return HostUse.limits_of(lease, "kubernetes")
         return self.host_usage.of(lease, self._run_group(lease))
 
     def _run_group(self, lease: Lease) -> str | None:

@@ -109,17 +109,8 @@ async def get_lease(lease_id: str, parts: PartsDep, caller: CallerDep) -> LeaseO
 async def get_lease_resources(lease_id: str, parts: PartsDep, caller: CallerDep) -> ResourcesOut:
     lease = _visible_lease(parts.manager, caller, lease_id)
     use = parts.host_use(lease)
-    if use is None:  # Kubernetes: the pod's limits hold; its use is the kubelet's to report
-        request = lease.request
-        return ResourcesOut(
-            limits_by="kubernetes",
-            cpu_limit=request.cpu_milli / 1000,
-            memory_limit_mib=request.memory_mib,
-            cpu_used=None,
-            memory_used_mib=None,
-        )
     return ResourcesOut(
-        limits_by="cgroup" if use.enforced else "none",
+        limits_by=use.limits_by,
         cpu_limit=use.cpu_limit,
         memory_limit_mib=use.memory_limit_mib,
         cpu_used=None if use.cpu_used is None else round(use.cpu_used, 3),

@@ -260,9 +260,9 @@ def _host_section(parts: ServiceParts, view: _View) -> str:
     if parts.host_usage is None:
         return ""
     rows = [
-        (holder_name(lease), lease.profile, lease.id, use)
+        (holder_name(lease), lease.profile, lease.id, parts.host_use(lease))
         for lease in view.leases
-        if lease.state is LeaseState.GRANTED and (use := parts.host_use(lease)) is not None
+        if lease.state is LeaseState.GRANTED
     ]
     title = "CPU and memory" + (
         "" if parts.host_usage.host.enforced else " (limits not enforced on this host)"

@@ -10,24 +10,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from ...limits import HostCgroups
 from ...pool.leases import Lease
 
+LimitsBy = Literal["cgroup", "kubernetes", "none"]  # what holds a server or job to its limits
 STALE_S = 300.0  # an older reading says nothing about the CPU use now
 MIN_SPAN_S = 1.0  # readings closer together than this give the previous rate: too short a span is noise
 
 
 @dataclass(frozen=True)
 class HostUse:
-    """One lease's CPU (cores) and memory (MiB): its limits, and what it used when read; None when unknown."""
+    """One lease's CPU (cores) and memory (MiB): its limits, what holds it to them (``cgroup``, ``kubernetes``
+    or ``none``), and what it used when read; None when unknown."""
 
-    enforced: bool
+    limits_by: LimitsBy
     cpu_limit: float
     memory_limit_mib: int
-    cpu_used: float | None
-    memory_used_mib: float | None
+    cpu_used: float | None = None
+    memory_used_mib: float | None = None
+
+    @classmethod
+    def limits_of(cls, lease: Lease, limits_by: LimitsBy) -> HostUse:
+        """``lease``'s limits, its use not (yet) known."""
+        return cls(limits_by, lease.request.cpu_milli / 1000, lease.request.memory_mib)
 
 
 class HostUsage:
@@ -40,15 +48,15 @@ class HostUsage:
 
     def of(self, lease: Lease, group_name: str | None) -> HostUse:
         """``lease``'s use, its server's or job's group being ``group_name`` (None: it has no running one)."""
-        request = lease.request
+        limits = HostUse.limits_of(lease, "cgroup" if self.host.enforced else "none")
         group = self.host.group(group_name) if group_name else None
-        cpu_used = memory_used = None
-        if group is not None:
-            used = group.memory_used()
-            memory_used = None if used is None else used / 1024**2
-            cpu_used = self._rate(group_name or "", group.cpu_seconds())
-        return HostUse(
-            self.host.enforced, request.cpu_milli / 1000, request.memory_mib, cpu_used, memory_used
+        if group is None:
+            return limits
+        used = group.memory_used()
+        return replace(
+            limits,
+            cpu_used=self._rate(group_name or "", group.cpu_seconds()),
+            memory_used_mib=None if used is None else used / 1024**2,
         )
 
     def _rate(self, name: str, seconds: float | None) -> float | None:
