@@ -6,7 +6,8 @@ own, made by root before the process starts and joined before the process gives 
 
 - cgroup v2 (one unified hierarchy): ``memory.max``, ``memory.swap.max`` 0 and ``cpu.max``, in
   ``/sys/fs/cgroup/gpupool/<name>`` (the controllers enabled on the way down);
-- cgroup v1: ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes`` where swap is accounted) and
+- cgroup v1: ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes`` where swap is accounted;
+  ``memory.swappiness`` 0 either way) and
   ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``, in ``gpupool/<name>`` below this process's own cgroup of
   each of the ``memory`` and ``cpu`` hierarchies (and ``cpuacct``, which counts CPU time, where it is mounted
   apart from ``cpu``).
@@ -147,6 +148,9 @@ class HostCgroups:
             memory, cpu, *_ = group.folders  # then cpuacct, where it is a hierarchy of its own
             _write(memory / "memory.limit_in_bytes", str(limits.memory_bytes))
             _write(memory / "memory.memsw.limit_in_bytes", str(limits.memory_bytes), optional=True)
+            # where swap is not accounted (no memsw file), a group past its limit would swap instead of
+            # meeting the OOM killer, and a swapping notebook stalls every disk user on the host
+            _write(memory / "memory.swappiness", "0", optional=True)
             _write(cpu / "cpu.cfs_period_us", str(CPU_PERIOD_US))
             _write(cpu / "cpu.cfs_quota_us", str(limits.cpu_quota_us))
         return group
