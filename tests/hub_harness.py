@@ -357,7 +357,9 @@ class RunningHub:
                 stderr=subprocess.STDOUT,
             )
         self.extra.append(process)
-        self.wait_for(answers(f"{self.service_api}/openapi.json"), "the restarted service did not answer", timeout=60)
+        self.wait_for(
+            answers(f"{self.service_api}/openapi.json"), "the restarted service did not answer", timeout=60
+        )
         return process
 
     def stop(self) -> None:
