@@ -47,7 +47,13 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 # Tiers: `make test` runs everything; `make test-fast` leaves out what starts processes, a browser or a cluster.
 _HARNESSES = ("hub_harness", "up_harness", "token_hub", "subprocess")
-_BROWSER_MODULES = ("test_browser", "test_gpu_monitor_hub", "test_job_panel_browser", "test_one_server")
+_BROWSER_MODULES = (
+    "test_browser",
+    "test_gpu_monitor_hub",
+    "test_job_panel_browser",
+    "test_one_server",
+    "test_training_example",
+)
 
 
 _starts_processes: dict[str, bool] = {}

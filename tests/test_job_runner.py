@@ -53,7 +53,7 @@ def test_a_job_runs_as_its_user_never_root_with_its_devices_and_checkpoint_dir_i
     uid, devices, cwd, checkpoints = processes.read_log(directory, identity.uid).decode().split("\n")[:4]
     assert uid == str(os.geteuid() if identity.uid is None else identity.uid) and uid != "0"
     assert devices == f"GPU-a,MIG-b|GPU-a,MIG-b|runner-env-{RUN}|hi"
-    assert cwd.startswith(identity.home) and checkpoints == f"{directory}/checkpoints"
+    assert cwd.startswith(identity.home) and checkpoints == f"{directory}/checkpoint"
     assert Path(checkpoints).is_dir()
     assert processes.exit_status(directory, 1, identity.uid) == 0
 

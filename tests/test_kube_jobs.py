@@ -151,7 +151,7 @@ def test_a_job_becomes_a_batch_job_on_its_leased_node_reads_its_pods_log_and_suc
         assert main["workingDir"] == "/home/jovyan/work"
         assert pod["volumes"] == [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-alice"}}]
         env = {e["name"]: e["value"] for e in main["env"]}
-        assert env["GPUPOOL_CHECKPOINT_DIR"] == f"/home/jovyan/.gpupool/jobs/{job.id}/checkpoints"
+        assert env["GPUPOOL_CHECKPOINT_DIR"] == f"/home/jovyan/.gpupool/jobs/{job.id}/checkpoint"
         assert env["GPUPOOL_JOB_ATTEMPT"] == "1" and env["GPUPOOL_LEASE_ID"] == lease.id
         assert env["GPUPOOL_SERVICE_URL"] == SERVICE_URL  # the widgets inside the job find the service
         assert pod["securityContext"]["runAsUser"] == 1000

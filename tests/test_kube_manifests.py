@@ -310,7 +310,7 @@ def test_checkpoints_live_where_the_local_runner_keeps_them_on_the_users_home_vo
     assert (jobs.JOBS_SUBDIR, jobs.CHECKPOINTS) == (processes.JOBS_SUBDIR, processes.CHECKPOINTS)
     spec = job()["spec"]["template"]["spec"]
     env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
-    assert env["GPUPOOL_CHECKPOINT_DIR"] == "/home/jovyan/.gpupool/jobs/J7q2mXw9/checkpoints"
+    assert env["GPUPOOL_CHECKPOINT_DIR"] == "/home/jovyan/.gpupool/jobs/J7q2mXw9/checkpoint"
     assert spec["volumes"] == [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-alice"}}]
     assert spec["containers"][0]["volumeMounts"] == [{"name": "home", "mountPath": "/home/jovyan"}]
     assert spec["initContainers"][0]["command"][-1] == env["GPUPOOL_CHECKPOINT_DIR"]

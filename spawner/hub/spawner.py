@@ -58,6 +58,21 @@ class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner):  # type: ignore[misc]  #
         so jobs count them too. False: JupyterHub groups only.""",
     )
 
+    show_job_folders = Bool(
+        True,
+        config=True,
+        help="""Let JupyterLab's file browser open hidden folders (``--ContentsManager.allow_hidden``), so a
+        user's job logs and checkpoints under ``~/.gpupool/jobs/<id>/`` show beside their notebooks. Left
+        alone when ``args`` already set ``allow_hidden``.""",
+    )
+
+    def get_args(self) -> list[str]:
+        """JupyterHub's arguments, with the job folders visible (``show_job_folders``)."""
+        args: list[str] = super().get_args()
+        if self.show_job_folders and not any("allow_hidden" in arg for arg in args):
+            args.append("--ContentsManager.allow_hidden=True")
+        return args
+
     @property
     def user_groups(self) -> list[str]:
         """The user's JupyterHub groups, and with ``system_groups`` their system groups."""

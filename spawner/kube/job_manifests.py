@@ -2,7 +2,7 @@
 
 The Job runs as the local runner runs a job (:mod:`gpupool.spawner.service.jobs.processes`): as the user, never root,
 with the command as an argument list (never parsed by a shell unless the job asks for one), and with
-``GPUPOOL_CHECKPOINT_DIR`` at ``~/.gpupool/jobs/<id>/checkpoints`` on the user's home volume, the same folder
+``GPUPOOL_CHECKPOINT_DIR`` at ``~/.gpupool/jobs/<id>/checkpoint`` on the user's home volume, the same folder
 for every attempt. What Kubernetes adds:
 
 - ``activeDeadlineSeconds`` is the job's maximum runtime: the Job controller stops it, not a gpupool timer;
@@ -53,7 +53,7 @@ from .manifests import (
 MAIN_CONTAINER = "main"
 # The local runner's layout (service.runner.JOBS_SUBDIR and CHECKPOINTS), relative to the user's home.
 JOBS_SUBDIR = ".gpupool/jobs"
-CHECKPOINTS = "checkpoints"
+CHECKPOINTS = "checkpoint"
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def job_name(job_id: str, attempt: int = 1) -> str:
 
 
 def checkpoint_dir(settings: JobSettings, job_id: str) -> str:
-    """``<home>/.gpupool/jobs/<id>/checkpoints``: the job's checkpoints on its user's volume."""
+    """``<home>/.gpupool/jobs/<id>/checkpoint``: the job's checkpoints on its user's volume."""
     if not job_id or "/" in job_id or job_id in (".", ".."):
         raise ManifestError(f"job_id: expected a job id without '/', got {job_id!r}")
     return posixpath.join(settings.home_mount, JOBS_SUBDIR, job_id, CHECKPOINTS)

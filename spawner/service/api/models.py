@@ -15,6 +15,7 @@ from ...pool.job_states import Job
 from ...pool.leases import Lease
 from ...pool.profiles import Profile, parse_duration
 from ...pool.state import Grant
+from ..jobs.processes import checkpoint_dir
 from ..store.lease_store import request_to_json
 
 
@@ -277,7 +278,7 @@ class JobOut(BaseModel):
             devices=[Device.from_grant(g) for g in lease.devices] if lease is not None and held else [],
             visible_devices=lease.visible_devices if lease is not None and held else "",
             position=position,
-            checkpoint_dir=f"{job.job_dir}/checkpoints",
+            checkpoint_dir=checkpoint_dir(job.job_dir),
             log_path=f"{job.job_dir}/output.log",
             exit_code=job.exit_code,
             stopping=job.stop.then.value if job.stop is not None else None,

@@ -10,7 +10,7 @@ not root, jobs run as the service's own user, the simple single-machine mode tha
 
 Files. Each job has a directory in its user's home, ``~/.gpupool/jobs/<id>/``, made by the job's own process
 as the user (so the service never writes into a home as root): ``output.log`` (stdout and stderr, appended by
-every attempt, private to the user), ``checkpoints/`` (``GPUPOOL_CHECKPOINT_DIR``, the same for every attempt)
+every attempt, private to the user), ``checkpoint/`` (``GPUPOOL_CHECKPOINT_DIR``, the same for every attempt)
 and ``exit.<attempt>`` (the command's exit status). The job writes its log itself, so nothing is lost while the
 service is down; the service only reads it, refusing symlinks and files the user does not own.
 
@@ -39,14 +39,16 @@ from ...limits import Cgroup
 
 JOBS_SUBDIR = ".gpupool/jobs"
 LOG_NAME = "output.log"
-CHECKPOINTS = "checkpoints"
+# not "checkpoints": Jupyter Server routes `<path>/checkpoints` to its own file checkpoints, so JupyterLab could
+# not open a folder of that name
+CHECKPOINTS = "checkpoint"
 # $1 job dir, $2 working dir, $3 attempt, then the command. It first waits for the service to close its
 # stdin, which the service does once the script is in the job's control group: nothing runs outside it. The
 # log and the checkpoint directory are private to the user (umask 077 in a subshell only: the command keeps
 # the umask it would have had).
 _SCRIPT = (
     "read -r gpupool_gate || :\n"
-    '(umask 077 && mkdir -p -- "$1/checkpoints" && : >>"$1/output.log") || exit 125\n'
+    '(umask 077 && mkdir -p -- "$1/checkpoint" && : >>"$1/output.log") || exit 125\n'
     'exec >>"$1/output.log" 2>&1 </dev/null\n'
     'cd -- "$2" || exit 126\n'
     "gpupool_dir=$1; gpupool_attempt=$3; shift 3\n"
