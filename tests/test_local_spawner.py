@@ -262,7 +262,7 @@ def test_a_queued_user_sees_progress_and_starts_when_the_gpu_frees(hub: Hub) -> 
         assert waiting.wait(20), f"no waiting event: {events}\n{hub.log_tail()}"
         assert _server(hub, admin, "carol")["pending"] == "spawn"  # type: ignore[index]
         message = next(e["message"] for e in events if "Waiting" in e.get("message", ""))
-        assert message == "Waiting for a free H100-80GB: you are next"
+        assert message.startswith("Waiting for a free H100-80GB: you are next; "), message
 
         _stop(hub, admin, "bob")
         carol = _wait_ready(hub, admin, "carol")

@@ -71,9 +71,13 @@ class Profile:
         if problem:
             raise ProfileError(problem)
 
-    def request(self) -> Request:
-        """What a server of this profile asks the pool for."""
-        return Request(self.cpu_milli, self.memory_mib, self.gpu)
+    def request(self, seconds: float | None = None) -> Request:
+        """What a server or job of this profile asks the pool for, held for ``seconds`` (a wall-time) or, when
+        not given, for the profile's ``max_lifetime``."""
+        held = seconds if seconds is not None else self.max_lifetime
+        return Request(
+            self.cpu_milli, self.memory_mib, self.gpu, None if held is None else max(1, round(held))
+        )
 
     def gpu_description(self) -> str:
         """The GPU ask in the words the form shows: ``1 × H100-80GB``, ``MIG 3g.40gb``, ``CPU only``."""

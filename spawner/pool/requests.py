@@ -80,8 +80,13 @@ class Request:
     cpu_milli: int
     memory_mib: int
     gpu: GpuNeed | None = None
+    # how long it expects to hold what it gets (a user's wall-time, else the profile's limit): what the
+    # queue's expected starts and backfill go by; None when nothing says (the pool then promises no time)
+    seconds: int | None = None
 
     def __post_init__(self) -> None:
+        if self.seconds is not None and self.seconds < 1:
+            raise InvalidRequest(f"seconds must be at least 1, got {self.seconds}")
         if self.cpu_milli < 0:
             raise InvalidRequest(f"cpu_milli must not be negative, got {self.cpu_milli}")
         if self.memory_mib < 0:

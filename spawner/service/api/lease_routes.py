@@ -75,8 +75,17 @@ async def post_lease(body: LeaseRequest, parts: PartsDep, caller: CallerDep) -> 
             status.HTTP_403_FORBIDDEN,
             f"profile: only members of {' or '.join(sorted(profile.groups))} may use {profile.slug}",
         )
+    if (
+        body.walltime is not None
+        and profile.max_lifetime is not None
+        and body.walltime > profile.max_lifetime
+    ):
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST,
+            f"walltime: {profile.slug} servers live at most {profile.max_lifetime:g} s, got {body.walltime:g}",
+        )
     lease = parts.manager.request_lease(
-        body.user, groups, body.owner_kind, body.owner_name, profile.slug, profile.request()
+        body.user, groups, body.owner_kind, body.owner_name, profile.slug, profile.request(body.walltime)
     )
     return lease_out(parts, lease)
 
@@ -126,9 +135,11 @@ async def delete_lease(lease_id: str, parts: PartsDep, caller: CallerDep) -> Lea
 
 def lease_out(parts: ServiceParts, lease: Lease) -> LeaseOut:
     """The lease as the API shows it: with its place in the queue in words, and on Kubernetes its node."""
-    message = parts.manager.waiting_message(lease.id) if lease.position is not None else None
+    queued = lease.position is not None
+    message = parts.manager.waiting_message(lease.id) if queued else None
     placement = _placement(parts.manager, lease) if parts.backend == "kubernetes" else None
-    return LeaseOut.from_lease(lease, message, placement)
+    start = parts.manager.expected_start(lease.id) if queued else None
+    return LeaseOut.from_lease(lease, message, placement, start)
 
 
 def _visible_lease(manager: LeaseManager, caller: Caller, lease_id: str) -> Lease:

@@ -39,6 +39,13 @@ class LeaseRequest(BaseModel):
         default=None,
         description="the user's groups, for profile rules and group quotas",
     )
+    walltime: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds the user expects to need the server, within the profile's max_lifetime; the "
+        "queue's expected starts go by it (default: the profile's max_lifetime)",
+    )
 
 
 class Device(BaseModel):
@@ -95,6 +102,11 @@ class LeaseOut(BaseModel):
     visible_devices: str = Field(description="the value for CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES")
     position: int | None = Field(description="place in the queue (0 is next) while queued")
     waiting_message: str | None = Field(description="what a waiting user reads, while queued")
+    expected_start: float | None = Field(
+        default=None,
+        description="while queued, when it can expect to start (epoch seconds), from the time limits of what "
+        "holds the devices ahead of it; null when unknown",
+    )
     created_at: float
     granted_at: float | None
     released_at: float | None
@@ -105,7 +117,11 @@ class LeaseOut(BaseModel):
 
     @classmethod
     def from_lease(
-        cls, lease: Lease, waiting_message: str | None = None, kubernetes: KubePlacement | None = None
+        cls,
+        lease: Lease,
+        waiting_message: str | None = None,
+        kubernetes: KubePlacement | None = None,
+        expected_start: float | None = None,
     ) -> LeaseOut:
         return cls(
             id=lease.id,
@@ -121,6 +137,7 @@ class LeaseOut(BaseModel):
             visible_devices=lease.visible_devices,
             position=lease.position,
             waiting_message=waiting_message,
+            expected_start=expected_start,
             created_at=lease.created_at,
             granted_at=lease.granted_at,
             released_at=lease.released_at,

@@ -103,7 +103,7 @@ class JobManager:
             self._check_queue_cap(user)
             job_id = new_lease_id()
             lease = self.leases.request_lease(
-                *(user, groups, "job", job_id, profile.slug, profile.request()),
+                *(user, groups, "job", job_id, profile.slug, profile.request(checked.max_runtime)),
                 priority_of(checked.priority_class),
                 lease_id=f"{job_id}-1",
             )
@@ -368,7 +368,7 @@ class JobManager:
             return self.leases.get(lease_id)
         profile = find_profile(self.profiles, job.profile)
         return self.leases.request_lease(
-            *(job.user, job.groups, "job", job.id, profile.slug, profile.request()),
+            *(job.user, job.groups, "job", job.id, profile.slug, profile.request(job.max_runtime)),
             priority_of(job.priority_class),
             arrival=job.submitted_at,
             lease_id=lease_id,

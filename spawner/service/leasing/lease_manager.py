@@ -28,6 +28,7 @@ from typing import TypeVar
 
 from ...pool import gpu_equivalents
 from ...pool.devices import Health, Node
+from ...pool.expected_start import Holder, expected_start, in_words, time_of_day
 from ...pool.explain import explain_refusal
 from ...pool.fair_share import DEFAULT_WINDOW, UsageSpan, recent_usage
 from ...pool.leases import Lease, LeaseState, NewLease, OwnerKind
@@ -51,10 +52,8 @@ class NeverFits(ValueError):
 
 
 class LeaseManager:
-    """Grants, queues and releases leases over one pool, recording each change in ``store`` first.
-
-    ``released_at_start`` holds the leases that restoring had to release, for the caller to report.
-    """
+    """Grants, queues and releases leases over one pool, recording each change in ``store`` first;
+    ``released_at_start`` holds the leases that restoring had to release, for the caller to report."""
 
     def __init__(
         self,
@@ -70,7 +69,6 @@ class LeaseManager:
         self.quotas = quotas
         # requests not granted at once, by why: "queued" (no room now), "quota", "never_fits" (for /metrics)
         self.refusals: collections.Counter[str] = collections.Counter()
-        # servers the idle culler stopped, by the profile limit reached (reported by its hook, see idle_api)
         self.usage_window = usage_window
         self._clock = clock
         self._lock = threading.RLock()
@@ -324,12 +322,23 @@ class LeaseManager:
             return None
 
     def waiting_message(self, lease_id: str) -> str | None:
-        """What a waiting user reads (``Waiting for a free H100-80GB: 2 ahead of you``); None when not queued."""
+        """What a waiting user reads (``Waiting for a free H100-80GB: 2 ahead of you; expected to start by
+        14:05 UTC (in about 12 min)``); None when not queued."""
         with self._lock:
             if lease_id not in self._queue:
                 self.get(lease_id)
                 return None
-            return self._queue.waiting_message(lease_id, self._queue.get(lease_id).description)
+            said = self._queue.waiting_message(lease_id, self._queue.get(lease_id).description)
+            return f"{said}; {in_words(self.expected_start(lease_id), self._clock(), time_of_day)}"
+
+    def expected_start(self, lease_id: str) -> float | None:
+        """When a queued lease can expect to start (:mod:`...pool.expected_start`); None if not queued or unknown."""
+        with self._lock:
+            if lease_id not in self._queue:
+                return None
+            held = [Holder(g.request, g.granted_at) for g in self.store.active() if g.granted_at is not None]
+            ahead = [entry.request for entry in self._queue.ahead_of(lease_id)]
+            return expected_start(self._queue.get(lease_id).request, ahead, held, self._clock(), competes)
 
     def _with_position(self, lease: Lease) -> Lease:
         return replace(lease, position=self._queue.position(lease.id)) if lease.id in self._queue else lease

@@ -281,13 +281,15 @@ def _lease(row: LeaseRow) -> Lease:
 
 
 def request_to_json(request: Request) -> dict[str, Any]:
-    """``{"cpu_milli", "memory_mib", "gpu": null | {"kind": "gpus" | "mig" | "share", <its fields>}}``."""
+    """``{"cpu_milli", "memory_mib", "gpu": null | {"kind": "gpus" | "mig" | "share", <its fields>}}``, and
+    ``"seconds"`` when the request says how long it holds."""
     need = request.gpu
     gpu = None
     if need is not None:
         kind = next(name for name, cls in _NEED_KINDS.items() if isinstance(need, cls))
         gpu = {"kind": kind, **asdict(need), "products": sorted(need.products)}
-    return {"cpu_milli": request.cpu_milli, "memory_mib": request.memory_mib, "gpu": gpu}
+    held = {} if request.seconds is None else {"seconds": request.seconds}
+    return {"cpu_milli": request.cpu_milli, "memory_mib": request.memory_mib, "gpu": gpu, **held}
 
 
 def request_from_json(data: dict[str, Any]) -> Request:
@@ -296,4 +298,4 @@ def request_from_json(data: dict[str, Any]) -> Request:
     if gpu is not None:
         fields = {k: v for k, v in gpu.items() if k != "kind"}
         need = _NEED_KINDS[gpu["kind"]](**fields | {"products": frozenset(fields.get("products", ()))})
-    return Request(data["cpu_milli"], data["memory_mib"], need)
+    return Request(data["cpu_milli"], data["memory_mib"], need, data.get("seconds"))
