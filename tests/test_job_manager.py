@@ -21,12 +21,8 @@ from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.pool.profiles import Profile
 from gpupool.spawner.pool.quotas import Quota, QuotaExceeded, QuotaPolicy
 from gpupool.spawner.pool.requests import Request, WholeGpus
-from gpupool.spawner.service.jobs.job_manager import (
-    JobManager,
-    Submission,
-    SubmissionConflict,
-    TooManyQueuedJobs,
-)
+from gpupool.spawner.service.jobs.job_manager import JobManager, Submission, TooManyQueuedJobs
+from gpupool.spawner.service.jobs.submission import SubmissionConflict
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager
 from gpupool.spawner.service.store.job_store import JobStore
 from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url

@@ -26,6 +26,8 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from .preemption import is_preemption
+
 
 class JobState(StrEnum):
     QUEUED = "queued"
@@ -137,8 +139,8 @@ class Job:
 
     @property
     def requeues(self) -> int:
-        """Runs the pool ended and put back in the queue."""
-        return sum(1 for t in self.history if t.state is JobState.REQUEUED)
+        """Runs the pool ended and put back in the queue, preemptions aside (they use no retry)."""
+        return sum(1 for t in self.history if t.state is JobState.REQUEUED and not is_preemption(t.reason))
 
     @property
     def may_requeue(self) -> bool:

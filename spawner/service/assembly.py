@@ -34,6 +34,7 @@ from .api.browser_login import BrowserLogin
 from .api.context import ServiceParts
 from .api.idle_routes import fold_activity_forever
 from .jobs.job_manager import JobManager
+from .jobs.preemption_loop import Preemptor
 from .leasing.culls import Culls
 from .leasing.health import HealthKeeper
 from .leasing.lease_manager import LeaseManager
@@ -86,6 +87,13 @@ class Service:
                     fold_activity_forever(self.parts.tracker, self.parts.telemetry), "gpupool-activity"
                 )
             self._start(self.jobs.run_forever(), "gpupool-jobs")
+            if self.settings.preempt_after_seconds > 0:
+                preemptor = Preemptor(
+                    self.jobs,
+                    after=self.settings.preempt_after_seconds,
+                    preemptible=self.settings.preemptible,
+                )
+                self._start(preemptor.run_forever(), "gpupool-preemption")
             hub = self._reconciler()
             if hub is not None:
                 stack.push_async_callback(hub.aclose)

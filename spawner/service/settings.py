@@ -25,6 +25,7 @@ from ..files.profiles_file import EXAMPLE_PROFILES
 from ..kube.labels import SHARED_RESOURCE
 from ..kube.manifests import ManifestError, require_dns_label
 from ..names import SERVICE_NAME, SERVICE_PREFIX
+from ..pool.job_states import PRIORITY_CLASSES
 from ..pool.policies import policy_by_name
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
@@ -112,6 +113,17 @@ class ServiceSettings(Application):
     max_queued_jobs = Int(100, help="Jobs one user may have waiting at once.").tag(
         config=True, env="GPUPOOL_MAX_QUEUED_JOBS"
     )
+    preempt_after_seconds = Float(
+        1800.0,
+        help="Seconds a server may wait in the queue before the pool stops and requeues a running job of a "
+        "preemptible class whose devices would serve it (youngest first, with its checkpoint folder; no retry "
+        "used). 0: never preempt.",
+    ).tag(config=True, env="GPUPOOL_PREEMPT_AFTER_SECONDS")
+    preemptible_classes = Unicode(
+        "batch,low",
+        help="The job priority classes preemption may stop, comma-separated; leave out a class to protect "
+        "its jobs (interactive jobs are never preempted).",
+    ).tag(config=True, env="GPUPOOL_PREEMPTIBLE_CLASSES")
     job_home_root = Unicode(
         "",
         help="The folder of users' homes (<root>/<user>) jobs run in when the service does not run as root, or "
@@ -200,7 +212,21 @@ class ServiceSettings(Application):
             raise TraitError(f"{_name('policy')}: {error}") from None
         return str(proposal["value"])
 
-    @validate("reconcile_seconds", "job_grace_seconds")
+    @validate("preemptible_classes")
+    def _preemptible_classes(self, proposal: dict[str, Any]) -> str:
+        names = [name.strip() for name in str(proposal["value"]).split(",") if name.strip()]
+        unknown = [name for name in names if name not in PRIORITY_CLASSES or name == "interactive"]
+        if unknown:
+            known = ", ".join(c for c in PRIORITY_CLASSES if c != "interactive")
+            raise TraitError(f"{_name('preemptible_classes')}: {unknown[0]!r} is not one of {known}")
+        return ",".join(names)
+
+    @property
+    def preemptible(self) -> frozenset[str]:
+        """``preemptible_classes`` as a set."""
+        return frozenset(name for name in self.preemptible_classes.split(",") if name)
+
+    @validate("reconcile_seconds", "job_grace_seconds", "preempt_after_seconds")
     def _non_negative(self, proposal: dict[str, Any]) -> float:
         value = float(proposal["value"])
         if not (math.isfinite(value) and value >= 0):

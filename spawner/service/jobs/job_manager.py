@@ -30,13 +30,14 @@ from dataclasses import replace
 from ...pool.devices import Health
 from ...pool.job_states import Job, JobState, StopRequest, priority_of
 from ...pool.leases import Lease, LeaseState, new_lease_id
+from ...pool.preemption import is_preemption
 from ...pool.profiles import Profile, find_profile
 from ...pool.quotas import QuotaExceeded
 from ..leasing.lease_manager import LeaseManager, NeverFits
 from ..store.job_store import JobNotFound, JobStore
 from . import processes
 from .runner import JobRunner, LaunchError, LocalRunner, Outcome
-from .submission import Submission, SubmissionConflict, TooManyQueuedJobs, check_submission, new_job
+from .submission import Submission, TooManyQueuedJobs, check_submission, new_job, same_submission
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class JobManager:
         :class:`TooManyQueuedJobs`, :class:`SubmissionConflict`, QuotaExceeded, NeverFits or UnknownProfile."""
         groups = frozenset(groups)
         with self._lock:
-            earlier = self._earlier(user, ask)
+            earlier = same_submission(self.store.by_submission, user, ask)
             if earlier is not None:
                 return earlier, False
             profile = find_profile(self.profiles, ask.profile)
@@ -116,16 +117,6 @@ class JobManager:
         self._poke()
         return job, True
 
-    def _earlier(self, user: str, ask: Submission) -> Job | None:
-        """The job ``ask.submission_id`` already made, if any; :class:`SubmissionConflict` if it differs."""
-        earlier = self.store.by_submission(user, ask.submission_id) if ask.submission_id is not None else None
-        if earlier is not None and (earlier.command != tuple(ask.command) or earlier.profile != ask.profile):
-            raise SubmissionConflict(
-                f"submission_id: {ask.submission_id!r} was already used for job {earlier.id} "
-                "with a different command or profile"
-            )
-        return earlier
-
     def _check_queue_cap(self, user: str) -> None:
         waiting = sum(1 for j in self.store.live() if j.user == user and self._waits_for_devices(j))
         if waiting >= self.max_queued:
@@ -152,6 +143,12 @@ class JobManager:
             if job.state is JobState.RUNNING:
                 return self._stop(job, JobState.CANCELLED, reason, now)
             return job
+
+    def preempt(self, job_id: str, reason: str) -> Job:
+        """Stop running job ``job_id`` (SIGTERM, grace, SIGKILL) and requeue it with its checkpoint folder, for
+        work that waited too long (:mod:`...pool.preemption`); it uses none of the job's retries."""
+        with self._lock:
+            return self._stop(self.get(job_id), JobState.REQUEUED, reason, self._clock())
 
     def fault(self, node: str, gpu_index: int | None, why: str = "") -> list[Job]:
         """Mark a node (or one GPU on it) unhealthy; every job running on it is stopped and put back in the
@@ -343,18 +340,20 @@ class JobManager:
 
     def _requeue(self, job: Job, now: float, reason: str, code: int | None) -> None:
         self._release(job, reason)
-        if not job.may_requeue:
-            failed = job.to(
-                JobState.FAILED, now, f"{reason}; no retries left ({job.retries})", exit_code=code
-            )
-            self.store.save(failed)
+        if not job.may_requeue and not is_preemption(reason):
+            said = f"{reason}; no retries left ({job.retries})"
+            self.store.save(job.to(JobState.FAILED, now, said, exit_code=code))
             return
         try:
             lease = self._retry_lease(job)
         except (QuotaExceeded, NeverFits, LookupError) as error:
             self.store.save(job.to(JobState.FAILED, now, f"{reason}; it could not be requeued: {error}"))
             return
-        said = f"{reason}; requeued (retry {job.requeues + 1} of {job.retries})"
+        said = (
+            reason
+            if is_preemption(reason)
+            else f"{reason}; requeued (retry {job.requeues + 1} of {job.retries})"
+        )
         self.store.save(
             job.to(JobState.REQUEUED, now, said, lease_id=lease.id, pid=None, pid_start=None, exit_code=code)
         )
@@ -363,7 +362,7 @@ class JobManager:
     def _retry_lease(self, job: Job) -> Lease:
         """The next attempt's lease, in the queue at the job's first arrival; the one asked for already when a
         crash came between asking and recording."""
-        lease_id = f"{job.id}-{job.requeues + 2}"
+        lease_id = f"{job.id}-{job.attempts + 1}"  # lease n+1 after run n (requeues come only from runs)
         with contextlib.suppress(LookupError):
             return self.leases.get(lease_id)
         profile = find_profile(self.profiles, job.profile)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ...pool.job_states import DEFAULT_JOB_CLASS, PRIORITY_CLASSES, USER_JOB_CLASSES, Job
@@ -226,3 +226,17 @@ def new_job(
         lease_id=lease.id,
         job_dir=job_dir,
     )
+
+
+def same_submission(
+    by_submission: Callable[[str, str], Job | None], user: str, ask: Submission
+) -> Job | None:
+    """The job ``ask.submission_id`` already made for ``user`` (found with ``by_submission``), if any;
+    :class:`SubmissionConflict` when ``ask`` differs from it: retrying a submission never changes what runs."""
+    earlier = by_submission(user, ask.submission_id) if ask.submission_id is not None else None
+    if earlier is not None and (earlier.command != tuple(ask.command) or earlier.profile != ask.profile):
+        raise SubmissionConflict(
+            f"submission_id: {ask.submission_id!r} was already used for job {earlier.id} "
+            "with a different command or profile"
+        )
+    return earlier
