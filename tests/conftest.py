@@ -52,6 +52,7 @@ _BROWSER_MODULES = (
     "test_gpu_monitor_hub",
     "test_job_panel_browser",
     "test_one_server",
+    "test_queue_browser",
     "test_training_example",
 )
 
