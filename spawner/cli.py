@@ -132,8 +132,14 @@ def _add_up(commands: Any) -> None:
         type=int,
         default=8000,
         help="the public port (default 8000); the proxy's API, the hub and the gpupool service take port+1, "
-        "port+81 and port+2101 on loopback",
+        "port+81 and port+2101 on loopback unless set below",
     )
+    for flag, default in (
+        ("--proxy-api-port", "port+1"),
+        ("--hub-port", "port+81"),
+        ("--service-port", "port+2101"),
+    ):
+        hub.add_argument(flag, type=int, metavar="PORT", help=f"on loopback (default {default})")
     hub.add_argument(
         "--state-dir",
         default=".gpupool",
@@ -246,6 +252,7 @@ def _up(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         ip=args.ip,
         port=args.port,
+        ports=(args.proxy_api_port, args.hub_port, args.service_port),
         pool=args.pool,
         extra_config=tuple(args.extra_config),
         demo_login=args.demo_login,

@@ -464,3 +464,37 @@ def _alive(pid: int) -> bool:
     with contextlib.suppress(OSError):
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     return False
+
+
+def test_each_internal_port_is_settable_and_named_in_help(start: tuple[Path, int]) -> None:
+    """Finding 9 of the researcher's-day review: ``--port`` silently took port+1, +81 and +2101, which the
+    README never named and nothing could move."""
+    tmp, port = start
+    help_text = subprocess.run(up_command("--help"), capture_output=True, text=True, check=True).stdout
+    for flag in ("--proxy-api-port", "--hub-port", "--service-port"):
+        assert flag in help_text
+    hub_port, service_port, api_port = free_port_family(), free_port_family(), free_port_family()
+    clash = subprocess.run(
+        up_command("--port", str(port), "--hub-port", str(port), "--state-dir", str(tmp / "clash")),
+        capture_output=True,
+        text=True,
+    )
+    assert clash.returncode != 0 and f"--hub-port {port}: --port uses that port already" in clash.stderr
+    ports = (
+        "--hub-port",
+        str(hub_port),
+        "--service-port",
+        str(service_port),
+        "--proxy-api-port",
+        str(api_port),
+    )
+    up = start_up(tmp, tmp / "state", port, extra_config(tmp), args=ports)
+    try:
+        assert httpx.get(f"http://127.0.0.1:{hub_port}/hub/api/").status_code == 200  # the hub itself
+        assert (
+            httpx.get(f"http://127.0.0.1:{service_port}/services/gpupool/api/v1/openapi.json").status_code
+            == 200
+        )
+        assert httpx.get(f"http://127.0.0.1:{api_port}/api/routes").status_code == 403  # the proxy's API
+    finally:
+        up.stop()

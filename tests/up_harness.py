@@ -88,13 +88,14 @@ def start_up(
     *,
     timeout: float = 150,
     pool: tuple[str, ...] = ("--pool", str(DEMO_POOL)),
+    args: tuple[str, ...] = (),
 ) -> Up:
     """Start ``gpupool up`` on the demo pool (or what ``pool`` says, e.g. ``("--kubeconfig", path)``) and
     return once /hub/login and the service's API answer 200; fail with its log."""
     log = tmp / f"up-{time.monotonic_ns()}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            up_command("--port", str(port), *pool, "--state-dir", str(state), "-f", str(extra)),
+            up_command("--port", str(port), *pool, "--state-dir", str(state), "-f", str(extra), *args),
             cwd=tmp,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -7,8 +7,8 @@ Ctrl-C and SIGTERM reach JupyterHub directly and it stops the proxy and the serv
 
 The embedded configuration, ``hub_config/embedded.py``, reads the :class:`UpSettings` from the environment
 variable ``GPUPOOL_UP`` (JSON) and derives every port, path and secret from them; ``-f`` files are loaded
-after it. Internal ports follow ``--port`` as JupyterHub's defaults do for 8000: proxy API ``port + 1``,
-hub ``port + 81``, gpupool service ``port + 2101``.
+after it. Internal ports follow ``--port`` as JupyterHub's defaults do for 8000 (proxy API ``port + 1``, hub
+``port + 81``, gpupool service ``port + 2101``) unless ``--proxy-api-port``, ``--hub-port``, ``--service-port``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..files.quotas_file import EXAMPLE_QUOTAS
 from ..names import SERVICE_FILE, SERVICE_NAME, SERVICE_PREFIX
 from .compat import service_start_timeout
 from .up_checks import UpError as UpError  # the error gpupool up's callers catch
-from .up_checks import check_data_files, check_request
+from .up_checks import check_data_files, check_ports, check_request
 from .up_environment import UP_SETTINGS_ENV, cull_every_seconds, passed_on, user_path
 
 if TYPE_CHECKING:
@@ -60,6 +60,8 @@ class UpSettings:
     state_dir: str
     ip: str = "127.0.0.1"
     port: int = 8000
+    # the proxy's API, the hub and the service on loopback; None: derived from port (+1, +81, +2101)
+    ports: tuple[int | None, int | None, int | None] = (None, None, None)
     pool: str | None = None  # a pool file; None: the service discovers (NVML, else the demo pool)
     extra_config: tuple[str, ...] = ()
     demo_login: bool = True
@@ -81,15 +83,15 @@ class UpSettings:
 
     @property
     def proxy_api_port(self) -> int:
-        return self.port + 1
+        return self.ports[0] or self.port + 1
 
     @property
     def hub_port(self) -> int:
-        return self.port + 81
+        return self.ports[1] or self.port + 81
 
     @property
     def service_port(self) -> int:
-        return self.port + 2101
+        return self.ports[2] or self.port + 2101
 
     @property
     def public_url(self) -> str:
@@ -112,7 +114,10 @@ class UpSettings:
         if not text:
             return cls(state_dir=str(Path.cwd() / ".gpupool"), proxy_command=find_proxy())
         data = json.loads(text)
-        data["extra_config"] = tuple(data.get("extra_config") or ())
+        data |= {
+            "extra_config": tuple(data.get("extra_config") or ()),
+            "ports": tuple(data.get("ports") or (None,) * 3),
+        }
         return cls(**data)
 
 
@@ -263,11 +268,7 @@ def roles(admins: list[str]) -> list[dict[str, object]]:
         {"name": "server", "scopes": [*SERVER_SCOPES, access]},
         {"name": "gpupool-hub", "scopes": ["custom:gpupool:leases", access], "services": [SPAWNER_CLIENT]},
         {"name": "gpupool-admin", "scopes": ["custom:gpupool:admin", access], "users": admins},
-        {
-            "name": "idle-culler",
-            "scopes": list(CULLER_SCOPES),
-            "services": [CULLER],
-        },
+        {"name": "idle-culler", "scopes": list(CULLER_SCOPES), "services": [CULLER]},
         # the service reconciles leases with the servers that really run, and stops one found without a lease
         {
             "name": "gpupool-service",
@@ -296,6 +297,7 @@ def prepare(
     state_dir: str | Path,
     ip: str = "127.0.0.1",
     port: int = 8000,
+    ports: tuple[int | None, int | None, int | None] = (None, None, None),
     pool: str | None = None,
     extra_config: tuple[str, ...] = (),
     demo_login: bool = True,
@@ -304,6 +306,7 @@ def prepare(
 ) -> Prepared:
     """Check the request, create the state folder and its secrets; raise :class:`UpError` saying what to fix."""
     check_request(ip, pool, extra_config, demo_login, kubeconfig)
+    check_ports(port, ports)
     check_data_files(environ)
     cull_every_seconds(environ)  # a bad GPUPOOL_CULL_EVERY_SECONDS stops gpupool up here, naming it
     # here, not at the top: the hub's process imports this module too (embedded.py) and discovers nothing
@@ -318,6 +321,7 @@ def prepare(
         state_dir=str(state),
         ip=ip,
         port=port,
+        ports=ports,
         pool=str(Path(found.source).resolve()) if found and found.backend == "simulated" else None,
         extra_config=tuple(str(Path(e).resolve()) for e in extra_config),
         demo_login=demo_login,

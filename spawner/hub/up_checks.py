@@ -45,6 +45,26 @@ def check_request(
         raise UpError(f"--kubeconfig {kubeconfig}: no such file (gpupool kube up prints the path of its own)")
 
 
+def check_ports(port: int, ports: tuple[int | None, int | None, int | None]) -> None:
+    """Every port in range, and no two the same (the internal ones default to ``port`` + 1, + 81, + 2101)."""
+    derived = (port + 1, port + 81, port + 2101)
+    named = {"--port": port}
+    for flag, given, default in zip(
+        ("--proxy-api-port", "--hub-port", "--service-port"), ports, derived, strict=True
+    ):
+        named[flag] = given or default
+    for flag, value in named.items():
+        if not 0 < value < 65536:
+            raise UpError(
+                f"{flag} {value}: a port is 1 to 65535 (set the internal ports when --port is high)"
+            )
+    taken: dict[int, str] = {}
+    for flag, value in named.items():
+        if value in taken:
+            raise UpError(f"{flag} {value}: {taken[value]} uses that port already; give each its own")
+        taken[value] = flag
+
+
 def check_data_files(environ: Mapping[str, str]) -> None:
     """Read the profiles and quotas the hub and the service will read, now: a mistake (the loaders name the
     file, line and field) stops ``gpupool up`` on the terminal before anything starts."""
