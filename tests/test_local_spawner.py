@@ -123,8 +123,8 @@ def _server(hub: Hub, admin: httpx.Client, user: str) -> dict[str, Any] | None:
     return server
 
 
-def _start(hub: Hub, admin: httpx.Client, user: str, profile: str) -> httpx.Response:
-    response = admin.post(f"{hub.hub_api}/users/{user}/server", json={"profile": profile})
+def _start(hub: Hub, admin: httpx.Client, user: str, profile: str, **options: str) -> httpx.Response:
+    response = admin.post(f"{hub.hub_api}/users/{user}/server", json={"profile": profile, **options})
     assert response.status_code in (201, 202), response.text
     return response
 
@@ -234,6 +234,20 @@ def test_an_unknown_profile_is_a_400_listing_the_valid_slugs(hub: Hub) -> None:
         assert _server(hub, admin, "dave") is None
         active = admin.get(f"{hub.service_api}/leases", params={"active_only": True}).json()
         assert [lease for lease in active if lease["user"] == "dave"] == []
+
+
+def test_a_rest_spawn_with_a_walltime_past_the_lifetime_is_a_400_and_a_fitting_one_reaches_the_lease(
+    hub: Hub,
+) -> None:
+    with hub.admin() as admin:
+        response = admin.post(f"{hub.hub_api}/users/dave/server", json={"profile": "cpu", "walltime": "30d"})
+        assert response.status_code == 400, response.text
+        assert response.json()["message"].startswith("walltime: cpu servers live at most"), response.text
+        assert _server(hub, admin, "dave") is None
+        _start(hub, admin, "dave", "cpu", walltime="2h")
+        dave = _wait_ready(hub, admin, "dave")
+        assert _lease(hub, admin, dave["state"]["gpupool_lease_id"])["request"]["seconds"] == 7200
+        _stop(hub, admin, "dave")
 
 
 def test_a_queued_user_sees_progress_and_starts_when_the_gpu_frees(hub: Hub) -> None:

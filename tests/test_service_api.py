@@ -273,3 +273,37 @@ def test_usage_is_each_users_own_and_admins_see_everyone(hub: Hub) -> None:
         assert admin.get("/usage", params={"user": "alice"}).status_code == 200
         backwards = admin.get("/usage", params={"since": 10, "until": 5})
         assert backwards.status_code == 400 and "since" in backwards.json()["detail"]
+
+
+def test_the_quota_says_what_carol_may_hold_and_what_she_holds(hub: Hub) -> None:
+    """Finding 6 of the researcher's-day review: nothing showed a user their quota or what they held."""
+    lease = _new_lease(hub, "carol", "mig-1g")
+    with hub.as_user("carol") as carol, hub.as_user("bob") as bob, hub.as_user("hub-client") as spawner:
+        mine = carol.get("/quota").json()
+        assert mine["summary"] == "Your quota: 1 MIG slice, 1 held", mine
+        assert [(q["resource"], q["limit"], q["held"]) for q in mine["limits"]] == [("mig_slices", 1, 1)]
+        assert bob.get("/quota", params={"user": "carol"}).status_code == 403
+        assert spawner.get("/quota", params={"user": "carol"}).json()["summary"] == mine["summary"]
+        assert bob.get("/quota").json()["summary"] == "Your quota: no limits"
+        assert carol.delete(f"/leases/{lease['id']}").status_code == 200
+        assert carol.get("/quota").json()["summary"] == "Your quota: 1 MIG slice, 0 held"
+
+
+def test_a_walltime_is_kept_with_the_lease_and_one_past_the_profiles_lifetime_is_refused(hub: Hub) -> None:
+    with hub.as_user("hub-client") as spawner:
+        too_long = spawner.post(
+            "/leases",
+            json={
+                "profile": "cpu",
+                "owner_kind": "server",
+                "owner_name": "w",
+                "user": "alice",
+                "walltime": 1e9,
+            },
+        )
+        assert too_long.status_code == 400 and too_long.json()["fields"] == ["walltime"], too_long.text
+        lease = _new_lease(hub, "alice", "cpu", owner_name="w", walltime=3600)
+        assert lease["request"]["seconds"] == 3600
+        profiles = {p["slug"]: p for p in spawner.get("/profiles").json()}
+        assert profiles["h100"]["max_lifetime"] == 2 * 86400 and profiles["h100"]["idle_timeout"] == 7200
+        assert spawner.delete(f"/leases/{lease['id']}").status_code == 200

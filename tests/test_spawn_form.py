@@ -7,13 +7,17 @@ from html.parser import HTMLParser
 
 import pytest
 
+from gpupool.spawner.client.leases import Availability
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles
 from gpupool.spawner.hub.form import (
     ProfileChoice,
     choices_for,
     formdata_from_body,
+    from_service,
+    limits_text,
     profile_from_form,
     render_form,
+    walltime_of,
 )
 from gpupool.spawner.pool.profiles import Profile, UnknownProfile
 from gpupool.spawner.pool.requests import WholeGpus
@@ -247,3 +251,31 @@ def test_a_profile_built_in_code_renders_like_one_from_a_file() -> None:
     form = Page(render_form(choices_for([pair], (), False, {"pair": (1, 0)}, {}), backend="nvml"))
     assert "2 × any GPU" in form.text["pair"] and "0.5 CPUs" in form.text["pair"]
     assert "0.5 GiB memory" in form.text["pair"]
+
+
+def test_the_form_shows_the_users_quota_each_profiles_limits_and_when_one_could_start() -> None:
+    """Finding 6 of the researcher's-day review: the form left out the user's quota and holdings, the idle and
+    lifetime limits, and the expected wait when nothing is free."""
+    h100 = next(p for p in PROFILES if p.slug == "h100")
+    assert limits_text(h100).startswith("stopped after 2h idle · lives at most 2d")
+    live = Availability({"h100": (0, 2), "cpu": (3, 0)}, {}, "simulated", {"h100": 1_000.0 + 25 * 60})
+    choices = from_service(PROFILES, [], False, live, now=1_000.0)
+    html = render_form(choices, backend="simulated", standing="Your quota: 4 whole GPUs, 1 held")
+    page = Page(html)
+    assert "Your quota: 4 whole GPUs, 1 held" in html
+    assert "none free now: you will wait in a queue (2 waiting); expected to start by" in page.text["h100"]
+    assert "(in about 25 min)" in page.text["h100"]
+    assert "lives at most 2d" in page.text["h100"]
+    assert "expected to start" not in page.text["cpu"] and "3 could start now" in page.text["cpu"]
+    assert 'name="walltime"' in html  # how long the user needs it: what the estimates go by
+
+
+def test_a_walltime_reads_back_as_seconds_and_one_past_the_lifetime_is_refused_naming_the_field() -> None:
+    h100 = next(p for p in PROFILES if p.slug == "h100")
+    assert walltime_of({"walltime": "4h"}, h100) == 4 * 3600
+    assert walltime_of({"walltime": ["90m"]}, h100) == 90 * 60
+    assert walltime_of({}, h100) is None and walltime_of({"walltime": ""}, h100) is None
+    with pytest.raises(ValueError, match=r"walltime: h100 servers live at most 2d, got 3d"):
+        walltime_of({"walltime": "3d"}, h100)
+    with pytest.raises(ValueError, match=r"walltime: expected a duration such as 4h"):
+        walltime_of({"walltime": "soon"}, h100)

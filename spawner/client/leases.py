@@ -8,7 +8,7 @@ The spawner calls with a token of the hub's own (a JupyterHub service token whos
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from .connection import Connection
@@ -22,6 +22,7 @@ class Availability:
     counts: dict[str, tuple[int, int]]
     never_fits: dict[str, str]
     backend: str
+    expected_starts: dict[str, float] = field(default_factory=dict)  # slug: when one asked now could start
 
 
 class ServiceClient(Connection):
@@ -52,7 +53,15 @@ class ServiceClient(Connection):
             counts={p["slug"]: (int(p["available_now"]), int(p["queued"])) for p in profiles},
             never_fits={p["slug"]: str(p["never_fits"]) for p in profiles if p.get("never_fits")},
             backend=str(pool.get("backend", "")),
+            expected_starts={
+                p["slug"]: float(p["expected_start"]) for p in profiles if p.get("expected_start")
+            },
         )
+
+    async def quota_summary(self, user: str, groups: Iterable[str]) -> str:
+        """``GET quota`` for ``user`` with their ``groups``: ``Your quota: 4 whole GPUs, 1 held · …``."""
+        params = {"user": user, "groups": sorted(groups)}
+        return str((await self.acall("GET", "quota", params=params))["summary"])
 
     async def create_lease(
         self,
@@ -62,6 +71,7 @@ class ServiceClient(Connection):
         *,
         owner_kind: str = "server",
         owner_name: str = "",
+        walltime: float | None = None,
     ) -> dict[str, Any]:
         """``POST leases`` for ``user``: the lease, ``granted`` (with devices) or ``queued`` (with
         ``position`` and ``waiting_message``)."""
@@ -71,6 +81,7 @@ class ServiceClient(Connection):
             "owner_name": owner_name,
             "user": user,
             "groups": sorted(groups),
+            **({"walltime": walltime} if walltime is not None else {}),
         }
         return cast(dict[str, Any], await self.acall("POST", "leases", json=body))
 

@@ -37,6 +37,7 @@ from urllib.parse import quote
 
 from ..client import Connection, GpupoolError
 from ..names import SERVICE_PREFIX
+from ..pool.profiles import format_duration
 
 log = logging.getLogger("IdleCuller.gpupool")  # a child of the culler's own logger, so it shows in its log
 
@@ -256,8 +257,4 @@ def _epoch(iso: str) -> float:
 
 def _span(seconds: float) -> str:
     """``90`` -> ``1m30s``, ``7200`` -> ``2h``: durations in the words of the profiles file."""
-    total = round(seconds)
-    hours, rest = divmod(total, 3600)
-    minutes, secs = divmod(rest, 60)
-    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else "", f"{secs}s" if secs else ""]
-    return "".join(parts) or "0s"
+    return format_duration(seconds)

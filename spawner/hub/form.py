@@ -11,10 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
+from typing import Any
 
-from ..pool.profiles import Profile, UnknownProfile
+from ..client.leases import Availability
+from ..pool.expected_start import in_words, time_of_day
+from ..pool.profiles import Profile, UnknownProfile, format_duration, parse_duration
 
 FIELD = "profile"  # the form field and the REST body key that name the chosen profile's slug
+WALLTIME = "walltime"  # how long the user expects to need the server: what the queue's estimates go by
+WALLTIMES = ("1h", "2h", "4h", "8h", "1d")  # the form's choices, besides the profile's own limit
 
 _CSS = """<style>
 .gpupool-form .gpupool-profile { border: 1px solid #ddd; border-radius: 4px; padding: 8px 12px; margin: 6px 0; }
@@ -38,6 +43,7 @@ class ProfileChoice:
     queued: int
     blocked_reason: str | None = None  # None when the user may start it
     simulated: bool = False  # the counts come from a simulated pool
+    expected_wait: str = ""  # when none is free: "expected to start by 14:05 UTC (in about 12 min)"
 
     @property
     def usable(self) -> bool:
@@ -62,27 +68,50 @@ def choices_for(
     never_fits: Mapping[str, str],
     *,
     simulated: bool = False,
+    expected_waits: Mapping[str, str] | None = None,
 ) -> list[ProfileChoice]:
     """Every profile in file order, with its ``(available_now, queued)`` from ``availability`` (by slug,
     missing means ``(0, 0)``) and what blocks it: the group rule first, then ``never_fits`` (slug to the
-    sentence :func:`fits_pool` gave). Blocked profiles stay in the list so the form can say why."""
+    sentence :func:`fits_pool` gave). Blocked profiles stay in the list so the form can say why.
+    ``expected_waits``: by slug, when one could expect to start if none is free now."""
     groups = frozenset(user_groups)
     choices = []
     for profile in profiles:
         available_now, queued = availability.get(profile.slug, (0, 0))
         reason = None if profile.visible_to(groups, is_admin) else permission_reason(profile)
-        choices.append(
-            ProfileChoice(profile, available_now, queued, reason or never_fits.get(profile.slug), simulated)
-        )
+        blocked = reason or never_fits.get(profile.slug)
+        wait = (expected_waits or {}).get(profile.slug, "")
+        choices.append(ProfileChoice(profile, available_now, queued, blocked, simulated, wait))
     return choices
 
 
-def render_form(choices: Sequence[ProfileChoice], *, backend: str, limits_note: str = "") -> str:
+def from_service(
+    profiles: Sequence[Profile], user_groups: Iterable[str], is_admin: bool, live: Availability, now: float
+) -> list[ProfileChoice]:
+    """:func:`choices_for` with what the service said: counts, never-fits reasons, the backend, and when one
+    asked ``now`` could expect to start."""
+    waits = {slug: in_words(start, now, time_of_day) for slug, start in live.expected_starts.items()}
+    simulated = live.backend == "simulated"
+    return choices_for(
+        profiles,
+        user_groups,
+        is_admin,
+        live.counts,
+        live.never_fits,
+        simulated=simulated,
+        expected_waits=waits,
+    )
+
+
+def render_form(
+    choices: Sequence[ProfileChoice], *, backend: str, limits_note: str = "", standing: str = ""
+) -> str:
     """An HTML fragment for JupyterHub's spawn page (it sits inside the hub's own ``<form>``).
 
     One radio named ``profile`` per usable choice, the default profile checked (else the first usable one);
     blocked choices are disabled rows carrying their reason. ``limits_note``: why the profiles' CPU and memory
-    are not enforced on this host, if they are not. Every text is escaped.
+    are not enforced on this host, if they are not; ``standing``: the user's quota and what they hold.
+    Every text is escaped.
     """
     usable = [c for c in choices if c.usable]
     checked = next((c for c in usable if c.profile.default), usable[0] if usable else None)
@@ -97,9 +126,13 @@ def render_form(choices: Sequence[ProfileChoice], *, backend: str, limits_note: 
             '<p class="gpupool-unenforced">CPU and memory below are what the pool counts, not limits: '
             f"{escape(limits_note)}</p>"
         )
+    if standing:
+        parts.append(f'<p class="gpupool-standing">{escape(standing)}</p>')
     if not usable:
         parts.append('<p class="gpupool-none">No profile is open to you now; ask an administrator.</p>')
     parts.extend(_row(choice, choice is checked) for choice in choices)
+    if usable:
+        parts.append(_walltime_field())
     parts.append("</div>")
     return "\n".join(parts)
 
@@ -112,6 +145,8 @@ def _row(choice: ProfileChoice, checked: bool) -> str:
         f'<span class="gpupool-details">{escape(profile.gpu_description())} · {_cpu(profile)} · '
         f"{_memory(profile)}</span>"
     )
+    if limits_text(profile):
+        summary += f'<span class="gpupool-details gpupool-limits">{escape(limits_text(profile))}</span>'
     if profile.description:
         summary += f'<span class="gpupool-description">{escape(profile.description)}</span>'
     if choice.blocked_reason is not None:
@@ -128,11 +163,54 @@ def _row(choice: ProfileChoice, checked: bool) -> str:
     )
 
 
+def _walltime_field() -> str:
+    options = ['<option value="" selected>as long as the profile allows</option>']
+    options += [f'<option value="{w}">{w}</option>' for w in WALLTIMES]
+    return (
+        '<p class="gpupool-walltime"><label for="gpupool-walltime">How long will you need it? '
+        f'<select name="{WALLTIME}" id="gpupool-walltime">{"".join(options)}</select></label> '
+        '<span class="gpupool-details">Tells those queued behind you when to expect the GPU; '
+        "the profile's own limits still apply.</span></p>"
+    )
+
+
+def walltime_of(options: Mapping[str, Any], profile: Profile) -> int | None:
+    """The wall-time ``options`` ask for, in seconds (``"4h"``, ``14400``), None when they ask none; ValueError
+    naming the field when it is not a duration or is longer than the profile's ``max_lifetime``."""
+    raw = options.get(WALLTIME)
+    if raw is None or raw == "" or raw == []:
+        return None
+    text = str(raw[0] if isinstance(raw, list) else raw)
+    seconds = parse_duration(text)
+    if not seconds:
+        raise ValueError(f"{WALLTIME}: expected a duration such as 4h, 90m or 3600 (seconds), got {text!r}")
+    if profile.max_lifetime is not None and seconds > profile.max_lifetime:
+        limit = format_duration(profile.max_lifetime)
+        raise ValueError(
+            f"{WALLTIME}: {profile.slug} servers live at most {limit}, got {format_duration(seconds)}"
+        )
+    return seconds
+
+
 def availability_text(choice: ProfileChoice) -> str:
-    """``2 could start now`` or ``none free now: you will wait in a queue (3 waiting)``."""
+    """``2 could start now`` or ``none free now: you will wait in a queue (3 waiting); expected to start by
+    14:05 UTC (in about 12 min)``."""
     if choice.available_now > 0:
         return f"{choice.available_now} could start now"
-    return f"none free now: you will wait in a queue ({choice.queued} waiting)"
+    wait = f"; {choice.expected_wait}" if choice.expected_wait else ""
+    return f"none free now: you will wait in a queue ({choice.queued} waiting){wait}"
+
+
+def limits_text(profile: Profile) -> str:
+    """The limits a user plans by: ``stopped after 2h idle · lives at most 2d · waits up to 4h for a device``."""
+    parts = []
+    if profile.idle_timeout:
+        parts.append(f"stopped after {format_duration(profile.idle_timeout)} idle")
+    if profile.max_lifetime:
+        parts.append(f"lives at most {format_duration(profile.max_lifetime)}")
+    if profile.queue_wait:
+        parts.append(f"waits up to {format_duration(profile.queue_wait)} for a device")
+    return " · ".join(parts)
 
 
 def _availability(choice: ProfileChoice) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -155,14 +156,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         except (GpupoolError, SpawnException) as error:
             self.log.warning("gpupool: no availability for the spawn form: %s", error)
             live = Availability({}, {}, "")
-        choices = form.choices_for(
-            self.profiles,
-            self.user_groups,
-            bool(self.user.admin),
-            live.counts,
-            live.never_fits,
-            simulated=live.backend == "simulated",
-        )
+        choices = form.from_service(self.profiles, self.user_groups, bool(self.user.admin), live, time.time())
         return choices, live.backend
 
     def service(self) -> ServiceClient:
@@ -336,8 +330,9 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         down = False
         while True:
             try:
+                walltime = form.walltime_of(self.user_options, profile)
                 return await service.create_lease(
-                    self.user.name, self.user_groups, profile.slug, owner_kind="server", owner_name=self.name
+                    *(self.user.name, self.user_groups, profile.slug), owner_name=self.name, walltime=walltime
                 )
             except GpupoolError as error:
                 if error.status not in _SERVICE_DOWN or asyncio.get_running_loop().time() >= deadline:
@@ -395,6 +390,11 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
 
 
 def check_user_options(spawner: GpuLeasing, user_options: Mapping[str, Any]) -> None:
-    """``apply_user_options``: refuse an unknown or forbidden profile before anything starts; give the spawn
-    its profile's queue wait (:mod:`.queue_wait`)."""
-    fit_start_timeout(spawner, spawner.resolve_profile(user_options))
+    """``apply_user_options``: refuse an unknown or forbidden profile, or a wall-time past its lifetime, before
+    anything starts; give the spawn its profile's queue wait (:mod:`.queue_wait`)."""
+    profile = spawner.resolve_profile(user_options)
+    try:
+        form.walltime_of(user_options, profile)
+    except ValueError as error:
+        raise SpawnException(str(error), reason="bad_walltime", status_code=400) from error
+    fit_start_timeout(spawner, profile)

@@ -27,11 +27,13 @@ from jupyterhub.spawner import (  # type: ignore[import-untyped]
 )
 from traitlets import Bool, Unicode, default
 
+from ..client import GpupoolError
 from ..device_env import lease_env
 from ..files.profiles_file import read_profiles
 from ..limits import Cgroup, HostCgroups, Limits, server_group, this_host
 from ..system_groups import system_groups as groups_on_host
 from . import form
+from .compat import SpawnException
 from .leasing import GpuLeasing, check_user_options
 
 
@@ -96,12 +98,17 @@ class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner):  # type: ignore[misc]  #
     # ---- the form ----------------------------------------------------------------------------------------
 
     async def render_options_form(self) -> str:
-        """The form's HTML with live availability; without the service it still lists every profile."""
+        """The form's HTML with live availability and the user's quota; without the service it still lists
+        every profile."""
         choices, backend = await self.profile_choices()
         cgroups = host_cgroups_once()
-        return form.render_form(
-            choices, backend=backend, limits_note="" if cgroups.enforced else cgroups.reason
-        )
+        try:
+            standing = await self.service().quota_summary(self.user.name, self.user_groups)
+        except (GpupoolError, SpawnException) as error:
+            self.log.warning("gpupool: no quota for the spawn form: %s", error)
+            standing = ""
+        note = "" if cgroups.enforced else cgroups.reason
+        return form.render_form(choices, backend=backend, limits_note=note, standing=standing)
 
     # ---- limits ------------------------------------------------------------------------------------------
 
@@ -150,9 +157,14 @@ def host_cgroups_once() -> HostCgroups:
 
 
 def _profile_from_formdata(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
-    """``options_from_form``: the form's radio as ``{"profile": slug}`` (checked later, in one place)."""
-    values = [v for v in formdata.get(form.FIELD, []) if v.strip()]
-    return {form.FIELD: values[0].strip()} if values else {}
+    """``options_from_form``: the form's radio and wall-time as ``{"profile": slug, "walltime": "4h"}``
+    (checked later, in one place)."""
+    options = {}
+    for field in (form.FIELD, form.WALLTIME):
+        values = [v.strip() for v in formdata.get(field, []) if v.strip()]
+        if values:
+            options[field] = values[0]
+    return options
 
 
 class SimpleLocalGPUSpawner(LocalGPUSpawner, SimpleLocalProcessSpawner):  # type: ignore[misc]  # untyped base

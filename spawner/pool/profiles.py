@@ -35,6 +35,16 @@ def parse_duration(text: str) -> int | None:
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
+def format_duration(seconds: float) -> str:
+    """What :func:`parse_duration` reads back: ``90`` is ``1m30s``, ``7200`` is ``2h``, ``172800`` is ``2d``."""
+    total = round(seconds)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n}{unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")) if n]
+    return "".join(parts) or "0s"
+
+
 _SLUG = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 

@@ -215,3 +215,25 @@ def _message(limit: Limit, held: int, asked: int) -> str:
     # a queued lease counts as held: it is granted the moment devices free up ("4 are held" read wrong
     # when all 4 were jobs still waiting)
     return f"{who}; {amount(held)} {is_held} held or queued and {amount(asked)} more {was_asked} asked for"
+
+
+def standing(limits: Iterable[Limit], totals: Mapping[str, int]) -> list[tuple[Limit, str]]:
+    """Each limit with what it allows and what is held against it, in words: ``4 whole GPUs, 1 held``."""
+    rows = []
+    for limit in limits:
+        resource = _BY_NAME[limit.resource]
+
+        def amount(value: int, resource: _Resource = resource) -> str:
+            noun = resource.one if value == resource.scale else resource.many
+            return f"{value / resource.scale:g} {noun}"
+
+        rows.append(
+            (limit, f"{amount(limit.value)}, {totals.get(limit.resource, 0) / resource.scale:g} held")
+        )
+    return rows
+
+
+def standing_in_words(limits: Iterable[Limit], totals: Mapping[str, int]) -> str:
+    """``Your quota: 4 whole GPUs, 1 held · 56 CPUs, 16 held`` (servers and jobs, queued ones too)."""
+    rows = [words for _, words in standing(limits, totals)]
+    return "Your quota: " + (" · ".join(rows) if rows else "no limits")

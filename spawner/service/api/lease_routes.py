@@ -7,18 +7,19 @@ it saves and only adds lock waits under load.
 
 # No ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter, HTTPException, Query, status
 
 from ...inventory import describe_pool
 from ...kube.resources import kube_grant
 from ...pool.leases import Lease, LeaseState
 from ...pool.profiles import find_profile
+from ...pool.quotas import standing, standing_in_words, usage
 from ..leasing.lease_manager import LeaseManager
 from .auth import Caller
 from .context import CallerDep, PartsDep, ServiceParts
-from .models import KubePlacement, LeaseOut, LeaseRequest, ProfileOut, ResourcesOut
+from .models import KubePlacement, LeaseOut, LeaseRequest, ProfileOut, QuotaLimitOut, QuotaOut, ResourcesOut
 
 ANOTHER_USER = "another user"
 
@@ -45,10 +46,42 @@ async def get_profiles(parts: PartsDep, caller: CallerDep) -> list[ProfileOut]:
         p for p in parts.profiles if caller.acts_for_others or p.visible_to(caller.groups, caller.is_admin)
     ]
     never_fits = parts.never_fits
-    counts = parts.manager.availability({p.slug: p.request() for p in usable if never_fits[p.slug] is None})
-    return [
-        ProfileOut.from_profile(p, *counts.get(p.slug, (0, 0)), never_fits=never_fits[p.slug]) for p in usable
+    manager = parts.manager
+    counts = manager.availability({p.slug: p.request() for p in usable if never_fits[p.slug] is None})
+    rows = []
+    for p in usable:
+        now, queued = counts.get(p.slug, (0, 0))
+        start = manager.expected_start_of_new(p.request()) if not now and not never_fits[p.slug] else None
+        rows.append(ProfileOut.from_profile(p, now, queued, never_fits[p.slug], start))
+    return rows
+
+
+@router.get("/quota", summary="A user's quota and what they hold against it (the caller's own by default)")
+async def get_quota(
+    parts: PartsDep,
+    caller: CallerDep,
+    user: str | None = None,
+    groups: Annotated[list[str] | None, Query()] = None,
+) -> QuotaOut:
+    """``groups`` (the hub's spawners only, which know a user's groups) replace the caller's own groups."""
+    name = user or caller.name
+    caller.check_may_see(name, f"the quota of {name}")
+    counted = frozenset(groups) if groups is not None and caller.acts_for_others else caller.groups
+    quotas = parts.manager.quotas
+    limits = quotas.limits_for(name, counted) if quotas is not None else []
+    totals = usage(lease.request for lease in parts.manager.leases_for(name, active_only=True))
+    rows = [
+        QuotaLimitOut(
+            resource=limit.resource,
+            scope=limit.scope,
+            subject=limit.subject,
+            limit=limit.value,
+            held=totals[limit.resource],
+            words=words,
+        )
+        for limit, words in standing(limits, totals)
     ]
+    return QuotaOut(user=name, limits=rows, summary=standing_in_words(limits, totals))
 
 
 @router.post("/leases", status_code=status.HTTP_201_CREATED, summary="Ask for a lease (granted or queued)")

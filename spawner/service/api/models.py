@@ -157,10 +157,27 @@ class ProfileOut(BaseModel):
     available_now: int = Field(description="how many could start right now (counted up to 64)")
     queued: int = Field(description="how many leases of this profile wait in the queue")
     never_fits: str | None = Field(description="why the pool can never serve it, or null")
+    expected_start: float | None = Field(
+        default=None,
+        description="when none could start now: when one asked now could expect to start (epoch seconds), "
+        "from the time limits of what holds the devices; null when unknown or when one could start now",
+    )
+    idle_timeout: int | None = Field(
+        default=None, description="seconds idle before the culler stops a server"
+    )
+    max_lifetime: int | None = Field(default=None, description="the longest a server of it lives, in seconds")
+    queue_wait: int | None = Field(
+        default=None, description="the longest a spawn waits in the queue, in seconds"
+    )
 
     @classmethod
     def from_profile(
-        cls, profile: Profile, available_now: int, queued: int, never_fits: str | None
+        cls,
+        profile: Profile,
+        available_now: int,
+        queued: int,
+        never_fits: str | None,
+        expected_start: float | None = None,
     ) -> ProfileOut:
         return cls(
             slug=profile.slug,
@@ -173,7 +190,28 @@ class ProfileOut(BaseModel):
             available_now=available_now,
             queued=queued,
             never_fits=never_fits,
+            expected_start=expected_start,
+            idle_timeout=profile.idle_timeout,
+            max_lifetime=profile.max_lifetime,
+            queue_wait=profile.queue_wait,
         )
+
+
+class QuotaLimitOut(BaseModel):
+    resource: str = Field(
+        description="whole_gpus, mig_slices, gpu_shares, gpu_milli, cpu_milli or memory_mib"
+    )
+    scope: str = Field(description='"user" (their own or the default quota) or "group" (per member)')
+    subject: str = Field(description="the user's or the group's name")
+    limit: int = Field(description="what may be held at once, in the resource's unit")
+    held: int = Field(description="what the user holds now (servers and jobs, queued leases too)")
+    words: str = Field(description="the same in words, e.g. '4 whole GPUs, 1 held'")
+
+
+class QuotaOut(BaseModel):
+    user: str
+    limits: list[QuotaLimitOut]
+    summary: str = Field(description="what the spawn form shows, e.g. 'Your quota: 4 whole GPUs, 1 held'")
 
 
 class Problem(BaseModel):

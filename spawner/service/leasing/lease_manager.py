@@ -32,7 +32,6 @@ from ...pool.expected_start import Holder, expected_start, in_words, time_of_day
 from ...pool.explain import explain_refusal
 from ...pool.fair_share import DEFAULT_WINDOW, UsageSpan, recent_usage
 from ...pool.leases import Lease, LeaseState, NewLease, OwnerKind
-from ...pool.node_state import Option
 from ...pool.policies import PlacementPolicy
 from ...pool.queue import AdmissionQueue, QueuedRequest, competes
 from ...pool.quotas import QuotaPolicy
@@ -40,6 +39,7 @@ from ...pool.requests import Request, describe
 from ...pool.state import Allocation, CannotRestore, OutsideUse, PoolState
 from ...pool.trial import count_fits
 from ..store.lease_store import LeaseNotFound, LeaseStore
+from .recorded import recorded_option
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -336,9 +336,18 @@ class LeaseManager:
         with self._lock:
             if lease_id not in self._queue:
                 return None
-            held = [Holder(g.request, g.granted_at) for g in self.store.active() if g.granted_at is not None]
             ahead = [entry.request for entry in self._queue.ahead_of(lease_id)]
-            return expected_start(self._queue.get(lease_id).request, ahead, held, self._clock(), competes)
+            request = self._queue.get(lease_id).request
+            return expected_start(request, ahead, self._holders(), self._clock(), competes)
+
+    def expected_start_of_new(self, request: Request) -> float | None:
+        """When ``request``, asked now, could expect to start behind every competing entry already queued."""
+        with self._lock:
+            ahead = [e.request for e in self._queue.entries() if competes(e.request.gpu, request.gpu)]
+            return expected_start(request, ahead, self._holders(), self._clock(), competes)
+
+    def _holders(self) -> list[Holder]:
+        return [Holder(g.request, g.granted_at) for g in self.store.active() if g.granted_at is not None]
 
     def _with_position(self, lease: Lease) -> Lease:
         return replace(lease, position=self._queue.position(lease.id)) if lease.id in self._queue else lease
@@ -353,7 +362,7 @@ class LeaseManager:
                 continue
             try:
                 self._pool.restore(
-                    lease.id, lease.request, lease.node or "", _recorded_option(self._pool, lease)
+                    lease.id, lease.request, lease.node or "", recorded_option(self._pool, lease)
                 )
             except CannotRestore as error:
                 released = self.store.mark_released(lease.id, f"{DEVICES_GONE}: {error}", self._clock())
@@ -367,29 +376,6 @@ def _effective(marks: Mapping[Health, str]) -> Health:
     if Health.UNHEALTHY in marks:
         return Health.UNHEALTHY
     return Health.DRAINED if Health.DRAINED in marks else Health.HEALTHY
-
-
-def _recorded_option(pool: PoolState, lease: Lease) -> Option:
-    """The node positions of the lease's recorded devices; CannotRestore when any is no longer there."""
-    try:
-        node = pool.node(lease.node or "")
-    except KeyError:
-        raise CannotRestore(f"node {lease.node} is not in the pool") from None
-    gpus = {gpu.uuid: position for position, gpu in enumerate(node.gpus)}
-    instances = {
-        instance.uuid: (position, index)
-        for position, gpu in enumerate(node.gpus)
-        for index, instance in enumerate(gpu.mig_instances)
-    }
-    option: list[int] = []
-    for grant in lease.devices:
-        if grant.kind == "mig" and grant.uuid in instances:
-            option.extend(instances[grant.uuid])
-        elif grant.kind != "mig" and grant.uuid in gpus:
-            option.append(gpus[grant.uuid])
-        else:
-            raise CannotRestore(f"{grant.label} ({grant.uuid}) is no longer on node {node.node.name}")
-    return tuple(option)
 
 
 def _entry(lease: Lease) -> QueuedRequest:
