@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from gpupool.spawner.pool.expected_start import time_of_day
 from gpupool.widgets.job_panel import JobPanel, jobs_table, profile_choices
 
 
@@ -84,6 +85,8 @@ class _Service:
             ]
         if path == "jobs":
             return [_job(id="old", submitted_at=1.0), _job(id="new", name="finetune", submitted_at=2.0)]
+        if path == "quota":
+            return {"user": "ada", "limits": [], "summary": "Your quota: 4 whole GPUs, 1 held"}
         raise AssertionError(path)
 
     async def atext(self, path: str, **kwargs: Any) -> str:
@@ -102,5 +105,17 @@ def test_the_panel_starts_on_the_forms_default_profile_and_the_newest_jobs_log()
         assert panel.profile.value == "mig-3g" and len(panel.profile.options) == 3
         assert panel.chosen.value == "new"
         assert panel.log_view.value == "epoch 3: loss 0.41\n"
+        assert "Your quota: 4 whole GPUs, 1 held" in panel.standing.value  # finding 6: what the user holds
     finally:
         panel.close()
+
+
+def test_a_waiting_job_and_a_full_profile_say_when_they_can_expect_to_start() -> None:
+    """Finding 1 of the researcher's-day review: a queued job showed only its place in line."""
+    start = time_of_day(5_000.0)
+    table = jobs_table([_job(state="queued", position=0, devices=[], expected_start=5_000.0)])
+    assert f"queued (#1 in line, expected to start by {start})" in table
+    full = {"slug": "h100", "display_name": "One H100", "available_now": 0, "queued": 2, "never_fits": None}
+    assert profile_choices([full | {"expected_start": 5_000.0}]) == [
+        (f"One H100 — 0 free now, 2 queued, one could start by {start}", "h100")
+    ]

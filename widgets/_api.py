@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from spawner.client import EXAMPLE_URL, Connection, GpupoolError
+    from spawner.pool.expected_start import time_of_day
 else:
     from gpupool.spawner.client import EXAMPLE_URL, Connection, GpupoolError
+    from gpupool.spawner.pool.expected_start import time_of_day
 
-__all__ = ["EXAMPLE_URL", "Connection", "GpupoolError"]
+__all__ = ["EXAMPLE_URL", "Connection", "GpupoolError", "time_of_day"]

@@ -20,7 +20,7 @@ from typing import Any
 import ipywidgets as w  # type: ignore[import-untyped]
 from traitlets import Float
 
-from ._api import Connection, GpupoolError
+from ._api import Connection, GpupoolError, time_of_day
 from .jobs import Job, submission
 from .poller import Poller, in_background
 
@@ -40,7 +40,9 @@ def profile_choices(profiles: Iterable[Mapping[str, Any]]) -> list[tuple[str, st
         else:
             now, queued = int(profile.get("available_now", 0)), int(profile.get("queued", 0))
             waiting = f", {queued} queued" if queued else ""
-            label = f"{profile['display_name']} — {now} free now{waiting}"
+            start = profile.get("expected_start")
+            expected = f", one could start by {time_of_day(float(start))}" if not now and start else ""
+            label = f"{profile['display_name']} — {now} free now{waiting}{expected}"
         choices.append((label, str(profile["slug"])))
     return choices
 
@@ -57,8 +59,10 @@ def jobs_table(jobs: Iterable[Mapping[str, Any]]) -> str:
     rows = []
     for job in sorted(jobs, key=lambda j: j.get("submitted_at", 0), reverse=True):
         state = str(job["state"])
-        if state == "queued" and job.get("position") is not None:
-            state += f" (#{int(job['position']) + 1} in line)"
+        if state in ("queued", "requeued") and job.get("position") is not None:
+            state += f" (#{int(job['position']) + 1} in line"
+            start = job.get("expected_start")
+            state += f", expected to start by {time_of_day(float(start))})" if start else ")"
         devices = ", ".join(d.get("label", d.get("uuid", "")) for d in job.get("devices", [])) or "—"
         cells = (job["id"], job["name"], job["profile"], state, devices, job.get("reason", ""))
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
@@ -92,6 +96,7 @@ class JobPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.retries = w.BoundedIntText(value=2, min=0, max=20, description="Retries")
         self.submit_button = w.Button(description="Submit", button_style="primary", icon="play")
         self.message = w.HTML(WAITING)
+        self.standing = w.HTML()  # the user's quota and what they hold: servers and jobs
         self.table = w.HTML()
         self.chosen = w.Dropdown(description="Job", options=[])
         self.cancel_button = w.Button(description="Cancel job", button_style="danger", icon="stop")
@@ -104,7 +109,14 @@ class JobPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             [self.command, w.HBox([self.profile, self.max_hours, self.retries]), self.submit_button]
         )
         super().__init__(
-            [form, self.message, self.table, w.HBox([self.chosen, self.cancel_button]), self.log_view],
+            [
+                form,
+                self.standing,
+                self.message,
+                self.table,
+                w.HBox([self.chosen, self.cancel_button]),
+                self.log_view,
+            ],
             **traits,
         )
         self.add_class("gpupool-job-panel")
@@ -165,14 +177,17 @@ class JobPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
     async def update(self) -> None:
         """Read the profiles, my jobs and the chosen job's log once, and show them (or what went wrong)."""
         try:
-            profiles, jobs = await asyncio.gather(
-                self.connection.acall("GET", "profiles"), self.connection.acall("GET", "jobs")
+            profiles, jobs, quota = await asyncio.gather(
+                self.connection.acall("GET", "profiles"),
+                self.connection.acall("GET", "jobs"),
+                self.connection.acall("GET", "quota"),
             )
         except GpupoolError as error:
             self._say(_error(str(error)), about_service=True)
             return
         if self._about_service:
             self._say("")  # answered: the waiting, or the last failure, is over
+        self.standing.value = f'<span class="gpupool-standing">{html.escape(str(quota["summary"]))}</span>'
         self._show(profile_choices(profiles), jobs, default_profile(profiles))
         if self.chosen.value:
             try:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, FastAPI, HTTPException, Request, Response, status
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from ...pool.job_states import Job
 from ...pool.profiles import find_profile
 from ..jobs.job_manager import JobManager
 from ..jobs.processes import NoSystemAccount
@@ -30,8 +31,14 @@ router = APIRouter()
 
 
 def _out(jobs: JobManager, job_id: str) -> JobOut:
-    job = jobs.get(job_id)
-    return JobOut.from_job(job, jobs.lease_of(job), jobs.position(job))
+    return job_out(jobs, jobs.get(job_id))
+
+
+def job_out(jobs: JobManager, job: Job) -> JobOut:
+    """The job as the API shows it: with its lease's devices, or while it waits its place and expected start."""
+    position = jobs.position(job)
+    start = jobs.leases.expected_start(job.lease_id) if position is not None and job.lease_id else None
+    return JobOut.from_job(job, jobs.lease_of(job), position, start)
 
 
 def _visible(jobs: JobManager, caller: Caller, job_id: str) -> str:
@@ -74,7 +81,7 @@ async def list_jobs(parts: PartsDep, caller: CallerDep, user: str | None = None)
     if user is not None and user != caller.name and not caller.sees_everyone:
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"user: {caller.name} may list only their own jobs")
     found = jobs.all_jobs() if user is None and caller.sees_everyone else jobs.jobs_for(user or caller.name)
-    return [JobOut.from_job(job, jobs.lease_of(job), jobs.position(job)) for job in found]
+    return [job_out(jobs, job) for job in found]
 
 
 @router.get("/jobs/{job_id}", summary="One job, with its history")

@@ -299,6 +299,10 @@ class JobOut(BaseModel):
     devices: list[Device]
     visible_devices: str
     position: int | None = Field(description="place in the queue (0 is next) while waiting")
+    expected_start: float | None = Field(
+        default=None,
+        description="while waiting: when it can expect to start (epoch seconds); null when unknown",
+    )
     checkpoint_dir: str
     log_path: str
     exit_code: int | None
@@ -311,7 +315,9 @@ class JobOut(BaseModel):
     history: list[TransitionOut]
 
     @classmethod
-    def from_job(cls, job: Job, lease: Lease | None, position: int | None) -> JobOut:
+    def from_job(
+        cls, job: Job, lease: Lease | None, position: int | None, expected_start: float | None = None
+    ) -> JobOut:
         held = lease is not None and lease.state.value == "granted" and job.state.value == "running"
         return cls(
             id=job.id,
@@ -333,6 +339,7 @@ class JobOut(BaseModel):
             devices=[Device.from_grant(g) for g in lease.devices] if lease is not None and held else [],
             visible_devices=lease.visible_devices if lease is not None and held else "",
             position=position,
+            expected_start=expected_start,
             checkpoint_dir=checkpoint_dir(job.job_dir),
             log_path=f"{job.job_dir}/output.log",
             exit_code=job.exit_code,
