@@ -42,6 +42,7 @@ ANSWERS: dict[str, Any] = {
     "telemetry": {"simulated": True, "devices": [DEVICE | {"samples": [SAMPLE]}]},
     "pool": {"summary": {"whole_gpus_free": 3, "mig_slices_free": {}, "shared_milli_free": 0}},
     "warnings": [],
+    "quota": {"user": "ada", "limits": [], "summary": "Your quota: no limits"},
     "profiles": [
         {"slug": "cpu", "display_name": "CPU only", "available_now": 64, "queued": 0, "never_fits": None}
     ],

@@ -177,24 +177,32 @@ class JobPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
     async def update(self) -> None:
         """Read the profiles, my jobs and the chosen job's log once, and show them (or what went wrong)."""
         try:
-            profiles, jobs, quota = await asyncio.gather(
-                self.connection.acall("GET", "profiles"),
-                self.connection.acall("GET", "jobs"),
-                self.connection.acall("GET", "quota"),
+            profiles, jobs = await asyncio.gather(
+                self.connection.acall("GET", "profiles"), self.connection.acall("GET", "jobs")
             )
         except GpupoolError as error:
             self._say(_error(str(error)), about_service=True)
             return
         if self._about_service:
             self._say("")  # answered: the waiting, or the last failure, is over
-        self.standing.value = f'<span class="gpupool-standing">{html.escape(str(quota["summary"]))}</span>'
         self._show(profile_choices(profiles), jobs, default_profile(profiles))
+        await self._show_standing()
         if self.chosen.value:
             try:
                 log = await self.connection.atext(f"jobs/{self.chosen.value}/logs", offset=0)
                 self.log_view.value = log[-_LOG_TAIL:]
             except GpupoolError as error:
                 self.log_view.value = str(error)
+
+    async def _show_standing(self) -> None:
+        """The user's quota line; left empty by a service too old to answer ``GET quota``."""
+        try:
+            summary = str((await self.connection.acall("GET", "quota"))["summary"])
+        except GpupoolError:
+            summary = ""
+        self.standing.value = (
+            f'<span class="gpupool-standing">{html.escape(summary)}</span>' if summary else ""
+        )
 
     def _show(self, choices: list[tuple[str, str]], jobs: list[dict[str, Any]], default: str | None) -> None:
         """The choices (keeping the user's pick, else the form's default), the table, and the job whose log
