@@ -10,9 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_lease_manager import MIG, WHOLE, ask, manager
+from test_lease_manager import MIG, PAIR, WHOLE, ask, manager
 
 from gpupool.spawner.pool.expected_start import Holder, expected_start, in_words
+from gpupool.spawner.pool.leases import Lease, LeaseState
 from gpupool.spawner.pool.queue import competes
 from gpupool.spawner.pool.requests import InvalidRequest, Request, WholeGpus
 
@@ -66,3 +67,35 @@ def test_a_queued_lease_says_when_it_can_expect_to_start_across_a_restart(tmp_pa
     assert "1 ahead of you; expected to start by" in (first.waiting_message(dave.id) or "")
     again = manager(tmp_path)  # the time limits are stored with the leases
     assert again.expected_start(carol.id) == 1602.0
+
+
+def test_a_job_that_ends_before_the_blocked_pair_can_start_backfills_and_a_longer_one_waits(
+    tmp_path: Path,
+) -> None:
+    """Backfill: with one of two GPUs free and a pair waiting for both until alice's lease ends, a job that
+    will have ended by then takes the free GPU; a longer job, or a server (whose wall-time is not enforced),
+    waits its turn behind the pair."""
+    m = manager(tmp_path)
+    alice = ask(m, "alice", replace(WHOLE, seconds=3600))
+    bob = ask(m, "bob", replace(WHOLE, seconds=600))
+    pair = ask(m, "carol", replace(PAIR, seconds=600))
+    assert pair.state is LeaseState.QUEUED and m.expected_start(pair.id) == alice.granted_at + 3600
+    m.release(bob.id, "stopped")  # one GPU free; the pair still waits for alice's
+    assert m.get(pair.id).state is LeaseState.QUEUED
+
+    def job(user: str, seconds: int, kind: str = "job") -> Lease:
+        return m.request_lease(user, [], kind, user, "h100", replace(WHOLE, seconds=seconds))  # type: ignore[arg-type]
+
+    long_job, server = job("erin", 7200), job("frank", 60, kind="server")
+    assert long_job.state is LeaseState.QUEUED and server.state is LeaseState.QUEUED
+    short_job = job("dave", 1800)
+    assert m.get(short_job.id).state is LeaseState.GRANTED  # ends an hour before the pair's expected start
+    assert m.get(pair.id).state is LeaseState.QUEUED and m.expected_start(pair.id) == alice.granted_at + 3600
+
+
+def test_the_queue_is_played_forward_each_request_giving_back_after_its_own_time() -> None:
+    pair = Request(8000, 32768, WholeGpus(2), seconds=600)
+    # one GPU free, one held until 3600: the pair starts at 3600 and gives both back at 4200
+    assert expected_start(WHOLE, [pair], [held(3600)], 100.0, competes, free=1) == 4200.0
+    assert expected_start(WHOLE, [], [held(3600)], 100.0, competes, free=1) == 100.0  # free now: now
+    assert expected_start(WHOLE, [replace(pair, seconds=None)], [held(3600)], 0.0, competes, free=1) is None

@@ -2,18 +2,20 @@
 said it would hold it.
 
 A lease's expected end is its grant time plus ``Request.seconds`` (a user's wall-time, a job's maximum
-runtime, else the profile's lifetime limit). A waiting request needs, in order, what the competing requests
-ahead of it take and then its own amount; the devices come back as the holders' expected ends pass. So the
-estimate is the first expected end at which the competing holders have given back that much. It is an
-estimate: leases often end early (which only makes it sooner), and fragmentation over nodes is ignored. A
-holder that gave no time makes every start that depends on it unknown (None), never a guess.
+runtime, else the profile's lifetime limit). The estimate plays the queue forward: what is free now, then
+the holders' devices as their expected ends pass, go to the competing requests ahead in order, each giving
+its devices back after its own time limit, until the waiting one's turn. It is an estimate: leases often end
+early (which only makes it sooner), and fragmentation over nodes is ignored. Anything with no time limit
+that the answer depends on makes it unknown (None), never a guess.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .devices import FULL_MILLI
 from .requests import GpuNeed, GpuShare, MigSlice, Request, WholeGpus
@@ -49,25 +51,52 @@ def expected_start(
     holders: Iterable[Holder],
     now: float,
     competes: Callable[[GpuNeed | None, GpuNeed | None], bool],
+    free: float = 0.0,
 ) -> float | None:
-    """When ``waiting`` can expect to start behind ``ahead`` (the competing requests queued before it), given
-    the granted ``holders``; None when it waits on a holder that gave no time, or for something no holder
-    holds (a CPU-only request, or devices that are out of the pool)."""
+    """When ``waiting`` can expect to start behind ``ahead`` (the competing requests queued before it, in
+    order), given the granted ``holders`` and ``free``, what of its kind is free now (see :func:`unit_of`).
+
+    Each request, in order, starts once enough has come back, and gives its amount back ``seconds`` later:
+    the queue played forward on the time limits. None when that waits on something with no time limit, or
+    for more than the pool holds (a CPU-only request, or devices that are out of the pool)."""
     if waiting.gpu is None:
         return None
-    needed = sum(amount(r.gpu) for r in ahead) + amount(waiting.gpu)
-    ends = sorted(
-        ((h.expected_end, amount(h.request.gpu)) for h in holders if competes(h.request.gpu, waiting.gpu)),
-        key=lambda row: float("inf") if row[0] is None else row[0],
-    )
-    freed = 0.0
-    for end, given_back in ends:
-        if end is None:
-            return None
-        freed += given_back
-        if freed >= needed - 1e-9:
-            return max(end, now)
-    return None
+    returns = [
+        (_end(h.expected_end), amount(h.request.gpu)) for h in holders if competes(h.request.gpu, waiting.gpu)
+    ]
+    heapq.heapify(returns)
+    clock, available = now, free
+    for request in (*ahead, waiting):
+        need = amount(request.gpu)
+        while available < need - 1e-9:
+            if not returns or returns[0][0] == math.inf:
+                return None
+            end, given_back = heapq.heappop(returns)
+            clock, available = max(clock, end), available + given_back
+        available -= need
+        heapq.heappush(returns, (_end(None if request.seconds is None else clock + request.seconds), need))
+    return clock
+
+
+def _end(at: float | None) -> float:
+    return math.inf if at is None else at
+
+
+def unit_of(request: Request) -> Request | None:
+    """One unit of ``request``'s kind (one such GPU, one such MIG instance, or its share) and nothing else:
+    what the caller counts free places for, to give :func:`expected_start` its ``free``."""
+    need = request.gpu
+    if isinstance(need, WholeGpus):
+        return Request(0, 0, replace(need, count=1))
+    return None if need is None else Request(0, 0, need)
+
+
+def ends_in_time(request: Request, starts: Iterable[float | None], now: float) -> bool:
+    """Backfill's test: ``request`` (which says how long it holds) started ``now`` ends by each of ``starts``,
+    the expected starts of the waiting requests it would pass; an unknown start is never passed."""
+    if request.seconds is None:
+        return False
+    return all(start is not None and now + request.seconds <= start for start in starts)
 
 
 def time_of_day(at: float) -> str:

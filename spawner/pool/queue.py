@@ -50,6 +50,9 @@ class QueuedRequest:
     priority: int
     submitted_at: float  # seconds on any clock the caller keeps; the queue only compares them
     description: str = ""
+    # its time limit is enforced (a job's max_runtime): it may backfill, starting ahead of what it competes
+    # with when it will have ended before their expected start (see ``admit``)
+    backfills: bool = False
 
     def __post_init__(self) -> None:
         if math.isnan(self.submitted_at):
@@ -162,19 +165,29 @@ class AdmissionQueue:
         ahead = len(self.ahead_of(id))
         return f"Waiting for a free {what}: " + ("you are next" if ahead == 0 else f"{ahead} ahead of you")
 
-    def admit(self, try_place: Callable[[QueuedRequest], bool]) -> list[QueuedRequest]:
+    def admit(
+        self,
+        try_place: Callable[[QueuedRequest], bool],
+        may_pass: Callable[[QueuedRequest, list[QueuedRequest]], bool] | None = None,
+    ) -> list[QueuedRequest]:
         """Offer entries to ``try_place`` in order, by the rule above; return (and dequeue) those it placed.
 
         ``try_place`` places the entry and returns True, or returns False and changes nothing; it must not
-        add or remove queue entries itself.
+        add or remove queue entries itself. Backfill: an entry that ``backfills`` is offered even behind
+        competing waiting entries when ``may_pass(entry, those entries)`` says it ends before they can start.
         """
         admitted: list[QueuedRequest] = []
         waiting: set[GpuNeed | None] = set()  # the needs of entries still queued ahead of this one
+        blocked: list[QueuedRequest] = []  # those entries themselves, for ``may_pass``
         for entry in list(self._entries):
             need = entry.request.gpu
-            if not any(self._competes(w, need) for w in waiting) and try_place(entry):
+            free = not any(self._competes(w, need) for w in waiting)
+            if not free and entry.backfills and may_pass is not None:
+                free = may_pass(entry, [b for b in blocked if self._competes(b.request.gpu, need)])
+            if free and try_place(entry):
                 self.remove(entry.id)
                 admitted.append(entry)
             else:
                 waiting.add(need)
+                blocked.append(entry)
         return admitted

@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TypeVar
 
+from ...pool import expected_start as estimate
 from ...pool import gpu_equivalents
 from ...pool.devices import Health, Node
-from ...pool.expected_start import Holder, expected_start, in_words, time_of_day
 from ...pool.explain import explain_refusal
 from ...pool.fair_share import DEFAULT_WINDOW, UsageSpan, recent_usage
 from ...pool.leases import Lease, LeaseState, NewLease, OwnerKind
@@ -135,8 +135,10 @@ class LeaseManager:
                 raise NeverFits(reason)
             self.refusals["queued"] += 1
             lease = self.store.add_queued(new)
-            self._queue.add(_entry(lease))
-            return self._with_position(lease)
+            self._queue.add(entry := _entry(lease))
+            if entry.backfills:  # it may start now if it ends before those it would pass can start
+                self.admit()
+            return self._with_position(self.store.get(lease.id) or lease)
 
     def release(self, lease_id: str, reason: str = "released") -> Lease:
         """Give the lease's devices back and admit whoever waits for them; a second call changes nothing."""
@@ -166,11 +168,15 @@ class LeaseManager:
                 raise
             return True
 
+        def may_pass(entry: QueuedRequest, blocked: list[QueuedRequest]) -> bool:
+            starts = (self.expected_start(b.id) for b in blocked)
+            return estimate.ends_in_time(entry.request, starts, self._clock())
+
         with self._lock:
             if len(self._queue) > 1:
                 usage = self.recent_usage()
                 self._queue.reorder(lambda user: usage.get(user, 0.0))
-            self._queue.admit(try_place)
+            self._queue.admit(try_place, may_pass)
             if granted:
                 for listener in self._granted_listeners:
                     listener(granted)
@@ -329,7 +335,8 @@ class LeaseManager:
                 self.get(lease_id)
                 return None
             said = self._queue.waiting_message(lease_id, self._queue.get(lease_id).description)
-            return f"{said}; {in_words(self.expected_start(lease_id), self._clock(), time_of_day)}"
+            start = self.expected_start(lease_id)
+            return f"{said}; {estimate.in_words(start, self._clock(), estimate.time_of_day)}"
 
     def expected_start(self, lease_id: str) -> float | None:
         """When a queued lease can expect to start (:mod:`...pool.expected_start`); None if not queued or unknown."""
@@ -337,17 +344,23 @@ class LeaseManager:
             if lease_id not in self._queue:
                 return None
             ahead = [entry.request for entry in self._queue.ahead_of(lease_id)]
-            request = self._queue.get(lease_id).request
-            return expected_start(request, ahead, self._holders(), self._clock(), competes)
+            return self._estimate(self._queue.get(lease_id).request, ahead)
 
     def expected_start_of_new(self, request: Request) -> float | None:
         """When ``request``, asked now, could expect to start behind every competing entry already queued."""
         with self._lock:
-            ahead = [e.request for e in self._queue.entries() if competes(e.request.gpu, request.gpu)]
-            return expected_start(request, ahead, self._holders(), self._clock(), competes)
+            return self._estimate(
+                request, [e.request for e in self._queue.entries() if competes(e.request.gpu, request.gpu)]
+            )
 
-    def _holders(self) -> list[Holder]:
-        return [Holder(g.request, g.granted_at) for g in self.store.active() if g.granted_at is not None]
+    def _estimate(self, request: Request, ahead: list[Request]) -> float | None:
+        """The queue played forward: what of ``request``'s kind is free now, then the holders' time limits."""
+        unit = estimate.unit_of(request)
+        free = 0.0 if unit is None else count_fits(self._pool, unit, 64) * estimate.amount(unit.gpu)
+        held = [
+            estimate.Holder(g.request, g.granted_at) for g in self.store.active() if g.granted_at is not None
+        ]
+        return estimate.expected_start(request, ahead, held, self._clock(), competes, free)
 
     def _with_position(self, lease: Lease) -> Lease:
         return replace(lease, position=self._queue.position(lease.id)) if lease.id in self._queue else lease
@@ -380,6 +393,8 @@ def _effective(marks: Mapping[Health, str]) -> Health:
 
 def _entry(lease: Lease) -> QueuedRequest:
     request = lease.request
+    backfills = lease.owner_kind == "job" and request.seconds is not None  # a job's max_runtime is enforced
     return QueuedRequest(
-        lease.id, lease.id, lease.user, request, lease.priority, lease.created_at, describe(request)
+        *(lease.id, lease.id, lease.user, request, lease.priority, lease.created_at, describe(request)),
+        backfills,
     )
