@@ -175,6 +175,7 @@ def fake_pynvml(
     gpus: Sequence[FakeGpu] = (),
     *,
     driver: str = "550.54.15",
+    cuda: int = 12040,
     nvlink: Iterable[Iterable[int]] = (),
     init_error: int | None = None,
     p2p_error: int | None = None,
@@ -238,6 +239,11 @@ def fake_pynvml(
     def nvmlSystemGetDriverVersion() -> str | bytes:
         check("nvmlSystemGetDriverVersion")
         return text(driver)
+
+    @api
+    def nvmlSystemGetCudaDriverVersion() -> int:
+        check("nvmlSystemGetCudaDriverVersion")
+        return cuda
 
     @api
     def nvmlDeviceGetCount() -> int:

@@ -15,7 +15,15 @@ import pytest
 from test_telemetry_api import USERS, Client, Service
 from token_hub import token_hub
 
-from gpupool.spawner.service.api.page_html import IdleDevice, duration, heat_colour, idle_line, pool_tree
+from gpupool.spawner.service.api.page_html import (
+    IdleDevice,
+    duration,
+    heat_colour,
+    heat_label,
+    heat_map,
+    idle_line,
+    pool_tree,
+)
 from gpupool.spawner.service.api.pages import HeldDevice, held_idle
 from gpupool.spawner.telemetry.aggregates import Holder, MinuteAggregate
 from gpupool.spawner.telemetry.samples import Sample
@@ -86,6 +94,16 @@ def test_idle_on_the_dashboard_is_idle_to_the_culler_at_its_threshold() -> None:
     assert held_idle([HELD], history, minutes, threshold=5, min_seconds=0) == []
 
 
+def test_the_dashboard_calls_idle_at_the_cullers_default_threshold_and_never_on_stale_readings() -> None:
+    """Without a threshold said, the culler's default (10%), not the "used" one (5%); and a device whose
+    latest reading is older than the culler's staleness limit is unknown to the culler, so not idle here."""
+    history = _History({3600 + 10 * i: 8.0 for i in range(13)})
+    (idle,) = held_idle([HELD], history, [], min_seconds=60)
+    assert idle.seconds == 120
+    assert held_idle([HELD], history, [], min_seconds=60, now=3720 + 15, stale_after=15) == [idle]
+    assert held_idle([HELD], history, [], min_seconds=60, now=3720 + 16, stale_after=15) == []
+
+
 def test_idleness_never_counts_from_before_the_lease_was_granted() -> None:
     history = _History({3000 + 10 * i: 0.0 for i in range(30)})
     (idle,) = held_idle([HeldDevice("GPU-5", "x", "bob", "L2", granted_at=3100)], history, [], min_seconds=0)
@@ -99,6 +117,27 @@ def test_the_idle_line_reads_like_a_sentence() -> None:
     )
     assert idle_line(IdleDevice("GPU-5", "H100 #5", "bob", "L1", 90, 3.2)) == "1 min at ≤3% on H100 #5, bob"
     assert [duration(s) for s in (5, 600, 3600 * 26)] == ["5 s", "10 min", "1 d 2 h"]
+
+
+def test_a_heat_map_square_is_labelled_for_people_and_screen_readers_alike() -> None:
+    """Colour alone said nothing; each square names the device, its use and its holders, in ``title`` and
+    ``aria-label`` both (escaped: holders are users' names)."""
+    whole = {"index": 3, "uuid": "GPU-3", "product": "H100-80GB", "health": "healthy", "holders": ["L1"]}
+    shared = {"index": 4, "uuid": "GPU-4", "product": "L4", "health": "drained", "holders": ["L2", "L3"]}
+    node = {"name": "dgx", "health": "healthy", "gpus": [whole | {"mig": []}, shared | {"mig": []}]}
+    holders = {"L1": "alice's server", "L2": "<b>eve</b>'s job 7", "L3": "bob's server"}
+    cells = re.findall(
+        r'title="([^"]*)" aria-label="([^"]*)"',
+        heat_map({"nodes": [node]}, {"GPU-3": {"gpu_utilization": 42.4}}, holders),
+    )
+    assert [t for t, label in cells if t == label] == [
+        "H100-80GB #3 on dgx: 42% used, held by alice&#x27;s server",
+        "L4 #4 on dgx: utilisation not available, held by &lt;b&gt;eve&lt;/b&gt;&#x27;s job 7 and bob&#x27;s server, drained",
+    ]
+    assert (
+        heat_label("MIG 1g.10gb slice of H100 #7 on dgx", 0.0, [])
+        == "MIG 1g.10gb slice of H100 #7 on dgx: 0% used, free"
+    )
 
 
 def test_the_heat_map_colour_runs_from_cool_to_hot_and_grey_when_not_available() -> None:
@@ -132,7 +171,8 @@ def test_the_admin_dashboard_shows_the_pool_tree_heat_map_queue_and_idle_devices
     page = response.text
     assert "simulated" in page and "dgx-h100-01" in page and "MIG 3g.40gb" in page
     bob_gpu = service.bob.devices[0].uuid
-    assert re.search(rf'data-uuid="{bob_gpu}" title="[^"]*: 0%"', page)  # the heat map has its latest reading
+    # the heat map has its latest reading, and says whose it is
+    assert re.search(rf'data-uuid="{bob_gpu}" title="[^"]*: 0% used, held by bob&#x27;s server bob"', page)
     queue = page[page.index('id="queue"') : page.index('id="pool"')]
     assert "carol" in queue and service.carol[1].id in queue
     idle = page[page.index('id="idle"') : page.index('id="queue"')]

@@ -22,6 +22,7 @@ from gpupool.spawner.pool.profiles import Profile
 from gpupool.spawner.pool.quotas import Quota, QuotaExceeded, QuotaPolicy
 from gpupool.spawner.pool.requests import Request, WholeGpus
 from gpupool.spawner.service.jobs.job_manager import JobManager, Submission, TooManyQueuedJobs
+from gpupool.spawner.service.jobs.preemption_loop import Preemptor
 from gpupool.spawner.service.jobs.submission import SubmissionConflict
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager
 from gpupool.spawner.service.store.job_store import JobStore
@@ -272,3 +273,43 @@ def test_a_job_whose_lease_is_released_from_under_it_is_stopped(tmp_path: Path, 
     assert stopped.state is JobState.CANCELLED
     assert stopped.reason == "its lease was released (released by user someone)"
     assert jobs.leases.pool.allocations == {}
+
+
+def test_a_waiting_server_preempts_a_checkpointing_job_which_resumes_and_finishes(
+    tmp_path: Path,
+    user: str,
+) -> None:
+    jobs = managers(tmp_path, grace=1.0)
+    python, env = python_with_numpy()
+    args = ["--steps", "80", "--checkpoint-every", "10", "--step-seconds", "0.03"]
+    train = Submission(
+        "h100", [*python, train_script(), *args], env=env, working_dir=str(user_dir(user)), retries=0
+    )
+    first, _ = jobs.submit(user, [], train)
+    time.sleep(0.05)
+    second, _ = jobs.submit(user, [], train)  # the younger one: the pool's two H100s are now both busy
+    until(
+        jobs, lambda: all(b"step 25/" in jobs.read_log(jobs.get(j.id)) for j in (first, second)), "training"
+    )
+    server = jobs.leases.request_lease(
+        "ada", [], "server", "", "h100", Request(1000, 1024, WholeGpus(1, H100))
+    )
+    assert server.state is LeaseState.QUEUED
+
+    preemptor = Preemptor(jobs, after=0.5, preemptible=frozenset({"batch"}))
+    until(jobs, lambda: preemptor.step() is not None or jobs.get(second.id).stop is not None, "a preemption")
+    until(jobs, lambda: jobs.leases.get(server.id).state is LeaseState.GRANTED, "the server's lease")
+    assert jobs.get(first.id).state is JobState.RUNNING  # the older job kept running
+    assert jobs.get(second.id).state is JobState.REQUEUED
+
+    jobs.leases.release(server.id, "server stopped")  # the researcher is done: the job gets its GPU back
+    until(jobs, lambda: jobs.get(second.id).state.finished, "the preempted job to finish", timeout=40)
+    done = jobs.get(second.id)
+    assert done.state is JobState.SUCCEEDED, done.reason  # retries=0, yet requeued: preemption uses none
+    reasons = [t.reason for t in done.history if t.state is JobState.REQUEUED]
+    assert len(reasons) == 1 and reasons[0].startswith("preempted: ada's server had waited"), reasons
+    log = jobs.read_log(done).decode()
+    before, after = log.split("resumed at step ")
+    lost = max(int(n) for n in re.findall(r"step (\d+)/", before)) - int(after.split()[0])
+    assert 0 <= lost <= 10, log  # at most one checkpoint interval redone
+    assert "done: 80 steps" in after

@@ -244,7 +244,7 @@ ERRORS = [
      "max_lifetime, gpu_idle_timeout, queue_wait, default"),
     (PROFILE + "    gpus: {cout: 1}\n",
      "profiles.yaml: profile p: unknown field 'cout' in gpus (did you mean 'count'?); allowed fields are "
-     "count, products, min_memory_gb"),
+     "count, products, min_memory_gb, min_cuda, min_compute_capability"),
     ("profiles:\n  - {slug: p, cpu: 1, memory: 1GiB}\n",
      "profiles.yaml: profile p: missing required field 'display_name'"),
     ("profiles:\n  - {slug: p, display_name: '  ', cpu: 1, memory: 1GiB}\n",

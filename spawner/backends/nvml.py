@@ -105,9 +105,21 @@ def _discover_gpus(nvml: ModuleType, node_name: str) -> tuple[Gpu, ...]:
     except nvml.NVMLError as error:
         log.warning("could not read the NVIDIA driver version: %s", error)
         driver = ""
+    cuda = _cuda_version(nvml)
     read = [_read_gpu(nvml, index, driver, node_name) for index in range(gpu_count(nvml))]
     groups = _nvlink_groups(nvml, [(gpu.index, handle) for gpu, handle in read if handle is not None])
-    return tuple(replace(gpu, nvlink_group=groups.get(gpu.index)) for gpu, _ in read)
+    return tuple(replace(gpu, nvlink_group=groups.get(gpu.index), cuda_version=cuda) for gpu, _ in read)
+
+
+def _cuda_version(nvml: ModuleType) -> str:
+    """The CUDA version the driver supports (``12040`` is ``"12.4"``: nvidia-smi's "CUDA Version"); ""
+    when NVML cannot say."""
+    try:
+        encoded = int(nvml.nvmlSystemGetCudaDriverVersion())
+    except nvml.NVMLError as error:
+        log.warning("could not read the CUDA version the driver supports: %s", error)
+        return ""
+    return f"{encoded // 1000}.{encoded % 1000 // 10}"
 
 
 def _read_gpu(nvml: ModuleType, index: int, driver: str, node_name: str) -> tuple[Gpu, object | None]:

@@ -18,6 +18,7 @@ Schema (see ``hub_config/pools/demo.yaml`` for a full example)::
           nvlink: true          # optional: true (all in NVLink group 0) or index lists, one per group
           compute_capability: "9.0"    # optional: defaults to the product's
           driver_version: "550.54.15"  # optional: quote it, or YAML may read it as a number
+          cuda_version: "12.4"         # optional: the CUDA the driver supports (default: from driver_version)
         mig:                    # optional: GPU index -> "profile@start" list; no @start: mig.fit places it
           6: [3g.40gb@0, 3g.40gb@4]
         shared:                 # optional: GPU index or "all" -> most holders at once (>= 2); index beats all
@@ -51,7 +52,7 @@ MAX_NODES = 10_000  # a pool file is for a lab's machines; a cluster's nodes com
 MAX_GPUS_PER_NODE = 64  # the largest machines hold 16
 _LARGEST = 10**12  # beyond any real node; keeps CPU and memory within the pool state's int64 arrays
 _NODE_FIELDS = ("name", "cpu", "memory", "labels", "health", "gpus", "mig", "shared", "unhealthy")
-_GPU_FIELDS = ("product", "count", "nvlink", "compute_capability", "driver_version")
+_GPU_FIELDS = ("product", "count", "nvlink", "compute_capability", "driver_version", "cuda_version")
 _NAME = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*")
 _MIG_ENTRY = re.compile(r"\s*([^@\s]+)\s*(?:@\s*(\S+)\s*)?")
 # Fixed namespace so the same node name and index give the same UUID on every machine and every run.
@@ -198,6 +199,7 @@ def _gpus(where: _Where, raw: dict[Any, Any]) -> tuple[Gpu, ...]:
     groups = _nvlink(where, spec.get("nvlink"), count)
     capability = _version(where, spec.get("compute_capability"), "compute_capability", r"\d+\.\d+", "9.0")
     driver = _version(where, spec.get("driver_version"), "driver_version", r"\d+(\.\d+)*", "550.54.15")
+    cuda = _version(where, spec.get("cuda_version"), "cuda_version", r"\d+\.\d+", "12.4")
     mig = _mig(where, raw.get("mig"), product, count)
     shared = _shared(where, raw.get("shared"), count, set(mig))
     unhealthy = set(_indices(where, raw.get("unhealthy"), count, "unhealthy"))
@@ -217,6 +219,7 @@ def _gpus(where: _Where, raw: dict[Any, Any]) -> tuple[Gpu, ...]:
                 memory_mib=PRODUCTS[product].memory_mib,
                 compute_capability=capability or _COMPUTE_CAPABILITY.get(product, ""),
                 driver_version=driver,
+                cuda_version=cuda,
                 nvlink_group=groups.get(index),
                 mode=mode,
                 mig_instances=instances,

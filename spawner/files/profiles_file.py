@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from ..pool.products import marketed_gb_to_mib
 from ..pool.profiles import DURATIONS, Profile, ProfileError, parse_duration, slug_problem
 from ..pool.requests import GpuNeed, GpuShare, InvalidRequest, MigSlice, WholeGpus
+from ..pool.software import Software
 from .yaml_fields import check_fields, kind, load_yaml, parse_memory_mib, read_text, required_field
 
 EXAMPLE_PROFILES: Path = Path(str(files("gpupool.hub_config").joinpath("profiles.yaml")))
@@ -29,10 +30,11 @@ _FIELDS = (
     "slug", "display_name", "description", "gpus", "mig", "share", "cpu", "memory", "groups",
     "idle_timeout", "max_lifetime", "gpu_idle_timeout", "queue_wait", "default",
 )  # fmt: skip
+_SOFTWARE_FIELDS = ("min_cuda", "min_compute_capability")
 _GPU_FIELDS = {
-    "gpus": ("count", "products", "min_memory_gb"),
-    "mig": ("profile", "min_memory_gb", "products"),
-    "share": ("fraction", "milli", "memory_gb", "products"),
+    "gpus": ("count", "products", "min_memory_gb", *_SOFTWARE_FIELDS),
+    "mig": ("profile", "min_memory_gb", "products", *_SOFTWARE_FIELDS),
+    "share": ("fraction", "milli", "memory_gb", "products", *_SOFTWARE_FIELDS),
 }
 _GPU_EXAMPLES = {"gpus": "{count: 1}", "mig": "{profile: 3g.40gb}", "share": "{fraction: 0.25}"}
 _LARGEST = 10**12  # beyond any real pool; keeps later arithmetic in floats finite
@@ -133,23 +135,38 @@ def _gpu_need(where: _Where, raw: dict[Any, Any]) -> GpuNeed | None:
         where.fail(f"{ask} must be a mapping such as {_GPU_EXAMPLES[ask]}, got {kind(spec)}")
     check_fields(where, spec, _GPU_FIELDS[ask], f" in {ask}")
     products = _names(where, spec.get("products"), f"{ask}.products", "[H100-80GB]")
+    software = _software(where, spec, ask)
     try:
         if ask == "gpus":
             count = _whole(where, required_field(where, spec, "count", "gpus.count"), "gpus.count", 1)
             memory_gb = _number(where, spec.get("min_memory_gb", 0), "gpus.min_memory_gb", "40", zero=True)
-            return WholeGpus(count, products, marketed_gb_to_mib(memory_gb))
+            return WholeGpus(count, products, marketed_gb_to_mib(memory_gb), software)
         if ask == "mig":
             profile = spec.get("profile")
             if profile is not None and not isinstance(profile, str):
                 where.fail(f"mig.profile must be a MIG profile name such as 3g.40gb, got {profile!r}")
             memory = spec.get("min_memory_gb")
             at_least = None if memory is None else _whole(where, memory, "mig.min_memory_gb", 1)
-            return MigSlice(profile, at_least, products)
+            return MigSlice(profile, at_least, products, software)
         memory = spec.get("memory_gb")
         cap = 0 if memory is None else round(_number(where, memory, "share.memory_gb", "6") * 1024)
-        return GpuShare(_milli(where, spec), cap, products)
+        return GpuShare(_milli(where, spec), cap, products, software)
     except InvalidRequest as error:
         where.fail(str(error))
+
+
+def _software(where: _Where, spec: dict[Any, Any], ask: str) -> Software:
+    """``min_cuda`` and ``min_compute_capability``, quoted or not (YAML reads 12.4 as a number)."""
+    values = {}
+    for field in _SOFTWARE_FIELDS:
+        value = spec.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, str | int | float)):
+            where.fail(f"{ask}.{field} must be a version such as 12.4, got {value!r}")
+        values[field] = "" if value is None else str(value)
+    try:
+        return Software(**values)
+    except ValueError as error:
+        where.fail(f"{ask}.{error}")
 
 
 def _milli(where: _Where, spec: dict[Any, Any]) -> int:

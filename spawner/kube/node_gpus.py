@@ -70,6 +70,7 @@ class _GpuMaker:
     single_profile: str | None
     capability: str
     driver: str
+    cuda: str = ""  # the CUDA version the driver supports, from GFD's cuda.runtime labels
 
     def __call__(
         self, index: int, mode: GpuMode, instances: Sequence[Placement] = (), shares: int | None = None
@@ -89,6 +90,7 @@ class _GpuMaker:
             memory_mib=memory,
             compute_capability=self.capability,
             driver_version=self.driver,
+            cuda_version=self.cuda,
             mode=mode,
             mig_instances=tuple(
                 MigInstance("", p.profile, p.start, profile_memory_gb(p.profile) * 1024, uuid)
@@ -126,7 +128,10 @@ def node_gpus(
         labels, "nvidia.com/cuda.driver-version", ("major", "minor", "revision")
     )
     capability = label_version(labels, "nvidia.com/gpu.compute", ("major", "minor"))
-    gpu = _GpuMaker(name, labels, product, single_profile, capability, driver)
+    cuda = label_version(labels, "nvidia.com/cuda.runtime", ("major", "minor")) or label_version(
+        labels, "nvidia.com/cuda.runtime-version", ("major", "minor")
+    )
+    gpu = _GpuMaker(name, labels, product, single_profile, capability, driver, cuda)
     if single_profile is not None:
         return _single_strategy(gpu, where, single_profile, alloc.whole or physical)
     layouts = _mixed_layouts(where, labels, product, alloc, physical) if alloc.mig else []

@@ -48,6 +48,7 @@ class Gpu:
     memory_mib: int
     compute_capability: str = ""
     driver_version: str = ""
+    cuda_version: str = ""  # the CUDA version the driver supports ("12.4"), where reported (see software.py)
     nvlink_group: int | None = None  # GPUs with the same group on a node are NVLinked together
     mode: GpuMode = GpuMode.WHOLE
     mig_instances: tuple[MigInstance, ...] = ()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 from .devices import Health, Node
 from .node_state import NodeState, gpu_kind_matches, instance_matches
 from .products import mib_to_marketed_gb
-from .requests import GpuShare, MigSlice, Request, WholeGpus
+from .requests import GpuNeed, GpuShare, MigSlice, Request, WholeGpus
+from .software import ANY_SOFTWARE
 
 
 def explain_refusal(nodes: Sequence[NodeState], request: Request) -> tuple[str, bool]:
@@ -76,6 +78,10 @@ def _never_fits(nodes: Sequence[NodeState], request: Request) -> str:
     ):
         return f"no node in this pool has {_cpu_memory(request)}"
     need = request.gpu
+    if need is not None and need.software:
+        short = _software_shortfall(nodes, request, need)
+        if short:
+            return short
     offered = sorted({g.product for ns in nodes for g in ns.gpus})
     if isinstance(need, WholeGpus):
         most = max((len(_empty_and_healthy(ns.node).whole_gpu_candidates(need)) for ns in nodes), default=0)
@@ -86,6 +92,21 @@ def _never_fits(nodes: Sequence[NodeState], request: Request) -> str:
         profiles = sorted({m.profile for ns in nodes for g in ns.gpus for m in g.mig_instances})
         return f"this pool has no {_device_noun(request)}; its MIG slices are {', '.join(profiles) or 'none'}"
     return f"this pool has no {_device_noun(request)} on a node with {_cpu_memory(request)}"
+
+
+def _software_shortfall(nodes: Sequence[NodeState], request: Request, need: GpuNeed) -> str | None:
+    """When only the CUDA version or compute capability stands in the way: each node's reason, e.g. ``needs
+    CUDA 12.4; the A100-40GB's driver 535.104.05 supports up to 12.2 (on a100-01)``."""
+    any_need = replace(need, software=ANY_SOFTWARE)
+    any_software = replace(request, gpu=any_need)
+    said: dict[str, list[str]] = {}
+    for ns in nodes:
+        if _empty_and_healthy(ns.node).options(any_software):
+            for gpu in ns.gpus:
+                why = need.software.refusal(gpu) if gpu_kind_matches(gpu, any_need) else None
+                if why is not None and ns.node.name not in said.setdefault(why, []):
+                    said[why].append(ns.node.name)
+    return "; ".join(f"{why} (on {', '.join(names)})" for why, names in said.items()) or None
 
 
 def _cpu_memory(request: Request) -> str:

@@ -20,8 +20,11 @@ ANY_WHOLE_GPU = WholeGpus(1)
 
 
 def gpu_kind_matches(gpu: Gpu, need: GpuNeed) -> bool:
-    """Whether ``gpu`` is the right kind for ``need`` when empty and healthy (product, mode, memory)."""
+    """Whether ``gpu`` is the right kind for ``need`` when empty and healthy (product, mode, memory, and the
+    CUDA version and compute capability it needs)."""
     if need.products and gpu.product not in need.products:
+        return False
+    if need.software and need.software.refusal(gpu) is not None:
         return False
     if isinstance(need, MigSlice):
         return gpu.mode is GpuMode.MIG
@@ -82,6 +85,9 @@ class NodeState:
                 (
                     g.product,
                     g.memory_mib,
+                    g.compute_capability,
+                    g.driver_version,
+                    g.cuda_version,
                     g.mode,
                     g.nvlink_group,
                     g.max_shares,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .devices import FULL_MILLI
 from .products import canonical_product
+from .software import ANY_SOFTWARE, Software
 
 
 class InvalidRequest(ValueError):
@@ -24,6 +25,7 @@ class WholeGpus:
     count: int
     products: frozenset[str] = frozenset()  # allowed products; empty allows any
     min_memory_mib: int = 0
+    software: Software = ANY_SOFTWARE  # least CUDA version and compute capability
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -40,6 +42,7 @@ class MigSlice:
     profile: str | None = None
     min_memory_gb: int | None = None
     products: frozenset[str] = frozenset()
+    software: Software = ANY_SOFTWARE
 
     def __post_init__(self) -> None:
         if (self.profile is None) == (self.min_memory_gb is None):
@@ -58,6 +61,7 @@ class GpuShare:
     milli: int
     memory_mib: int = 0
     products: frozenset[str] = frozenset()
+    software: Software = ANY_SOFTWARE
 
     def __post_init__(self) -> None:
         if not 0 < self.milli < FULL_MILLI:

@@ -1,8 +1,9 @@
 """Who is calling: JupyterHub API tokens checked by JupyterHub's own :class:`~jupyterhub.services.auth.HubAuth`,
 and the gpupool scopes they carry.
 
-The service keeps no users of its own. A request's token (``Authorization: token …`` or ``Bearer …``, or for
-reads the cookie of a browser logged in through the hub, see :mod:`.browser_login`) goes to
+The service keeps no users of its own. A request's token (``Authorization: token …`` or ``Bearer …``, or the
+cookie of a browser logged in through the hub, see :mod:`.browser_login`: for reads, and for a change only with
+the page's XSRF token, see :meth:`Authenticator.token_of`) goes to
 ``HubAuth.user_for_token``, which asks ``GET {JUPYTERHUB_API_URL}/user`` and caches the answer for
 ``cache_max_age`` seconds under a hash of the token, so reading costs the hub one call a minute per token; a
 change (a lease, a job, a warning) is checked afresh, so a token the hub has revoked can change nothing.
@@ -20,6 +21,9 @@ Only unfiltered custom scopes count: ``custom:gpupool:admin!user=x`` grants noth
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,6 +36,7 @@ from ...system_groups import system_groups
 TOKEN_COOKIE = "gpupool-token"  # set by the browser login (browser_login.py), for the service's prefix only
 LEASES_SCOPE = "custom:gpupool:leases"
 ADMIN_SCOPE = "custom:gpupool:admin"
+XSRF_HEADER = "X-XSRFToken"  # JupyterHub's own name for it
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class Caller:
     kind: str  # "user" or "service"
     groups: frozenset[str]
     scopes: frozenset[str]
+    hub_admin: bool = False  # the hub's own admin flag: its admin page is theirs (grants nothing here)
 
     @property
     def is_admin(self) -> bool:
@@ -77,12 +83,45 @@ class Authenticator:
         self.hub_auth = hub_auth
         self.service_name = service_name
         self.with_system_groups = with_system_groups  # a user's system groups count as their groups too
+        # per process and never stored: a restarted service's pages get the new XSRF tokens at their next refresh
+        self._xsrf_key = secrets.token_bytes(32)
 
     async def caller(self, request: Request, authorization: str | None) -> Caller:
         """The caller of ``request``: its token must be one the hub knows, allowed to use this service. A
         change (anything but GET and HEAD) asks the hub afresh, so a revoked token changes nothing."""
         fresh = request.method not in ("GET", "HEAD")
-        return await self.check(token_of(request, authorization), fresh=fresh)
+        return await self.check(self.token_of(request, authorization), fresh=fresh)
+
+    def token_of(self, request: Request, authorization: str | None) -> str:
+        """The request's token: from the ``Authorization`` header, else from the cookie a browser got by logging
+        in (:mod:`.browser_login`). The cookie authorises reads (GET, HEAD); a change only with the XSRF token
+        of a page the service served to that browser (``X-XSRFToken``, see :meth:`xsrf_token`), from the same
+        origin. Another site can read neither the page nor the HttpOnly cookie, and gets no SameSite=Lax
+        cookie sent with its requests, so it cannot make a logged-in browser release a lease."""
+        cookie = request.cookies.get(TOKEN_COOKIE)
+        if authorization is None and cookie:
+            if request.method in ("GET", "HEAD"):
+                return cookie
+            if XSRF_HEADER in request.headers:
+                self._check_xsrf(request, cookie)
+                return cookie
+        return _token_from_header(authorization)
+
+    def xsrf_token(self, cookie: str) -> str:
+        """The XSRF token for the browser holding the login cookie ``cookie``: its pages send it back to make a
+        change with that cookie. Derived from the cookie, so it ends with the login, and keyed, so it tells
+        nothing about the token."""
+        return hmac.new(self._xsrf_key, cookie.encode(), hashlib.sha256).hexdigest()
+
+    def _check_xsrf(self, request: Request, cookie: str) -> None:
+        sent = request.headers.get(XSRF_HEADER, "").encode("utf-8", "replace")
+        site = request.headers.get("sec-fetch-site", "same-origin")  # old browsers send none
+        if site != "same-origin" or not hmac.compare_digest(sent, self.xsrf_token(cookie).encode()):
+            raise HTTPException(
+                status.HTTP_403_FORBIDDEN,
+                "the page's XSRF token does not match this browser's login (or the request came from "
+                "another site); reload the page",
+            )
 
     async def check(self, token: str, *, fresh: bool = False) -> Caller:
         """The token's owner, who must be allowed to use this service (403 otherwise)."""
@@ -128,18 +167,8 @@ def caller_from_model(model: dict[str, Any]) -> Caller:
         kind="service" if model.get("kind") == "service" else "user",
         groups=frozenset(model.get("groups") or ()),
         scopes=frozenset(model.get("scopes") or ()),
+        hub_admin=model.get("admin") is True,
     )
-
-
-def token_of(request: Request, authorization: str | None) -> str:
-    """The request's token: from the ``Authorization`` header, or for reads (GET, HEAD) from the cookie a
-    browser got by logging in (:mod:`.browser_login`); a cookie never authorises a change, so another site
-    cannot make a logged-in browser release a lease."""
-    if authorization is None and request.method in ("GET", "HEAD"):
-        cookie = request.cookies.get(TOKEN_COOKIE)
-        if cookie:
-            return cookie
-    return _token_from_header(authorization)
 
 
 def _token_from_header(authorization: str | None) -> str:

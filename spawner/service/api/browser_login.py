@@ -12,8 +12,8 @@ stays the one judge of who the caller is and what they may do.
 The login asks for no scopes by name, so the token carries the service's ``oauth_client_allowed_scopes`` as far
 as the user holds them, plus ``access:services!service=<name>``. List ``custom:gpupool:admin`` there (the
 shipped configurations do) for administrators to see the whole pool; JupyterHub drops it for other users. The
-cookie is honoured only for reads (GET and HEAD): a page elsewhere cannot make a browser change anything
-through it.
+cookie is honoured for reads (GET and HEAD), and for a change only with the XSRF token of a page the service
+served (:meth:`.auth.Authenticator.token_of`): a page elsewhere cannot make a browser change anything through it.
 """
 
 # No ``from __future__ import annotations``: FastAPI must evaluate the route signatures.

@@ -69,15 +69,20 @@ class CullIn(BaseModel):
 router = APIRouter()
 
 
+def stale_after(telemetry: Telemetry) -> float:
+    """Seconds after which a device's latest reading counts as none: a reading older than a few sampling
+    periods means the sampler stopped (unknown, never idle). The dashboard's idle list uses it too."""
+    return max(15.0, 5 * telemetry.interval) if telemetry.interval > 0 else -1.0
+
+
 def activity_of(parts: ServiceParts, lease: Lease) -> dict[str, Any]:
     """A lease's GPU activity as the culler reads it, with its profile's limits."""
     telemetry, tracker = parts.telemetry, parts.tracker
     tracker.fold(telemetry.history)
     now = parts.clock()
-    # a reading older than a few sampling periods means the sampler stopped: unknown, not idle
-    stale_after = max(15.0, 5 * telemetry.interval) if telemetry.interval > 0 else -1.0
     since = lease.granted_at if lease.granted_at is not None else lease.created_at
-    gpu = tracker.activity([g.uuid for g in lease.devices], since=since, now=now, stale_after=stale_after)
+    uuids = [g.uuid for g in lease.devices]
+    gpu = tracker.activity(uuids, since=since, now=now, stale_after=stale_after(telemetry))
     profile = parts.profile(lease.profile)
     return {
         "lease_id": lease.id,

@@ -4,7 +4,7 @@ a server or a browser. :mod:`.pages` gathers the data and serves the pages."""
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,9 +83,11 @@ def device_cell(
     extra: str = "",
     *,
     leased_whole: bool = True,
+    controls: str = "",
 ) -> str:
-    """One device in the tree: a heat-coloured square, its label, who holds it, health and latest readings.
-    ``leased_whole`` False (a GPU in MIG mode, leased only through its slices): no "free" or holder."""
+    """One device in the tree: a heat-coloured square, its label, who holds it, health and latest readings,
+    then ``controls`` (an admin's buttons). ``leased_whole`` False (a GPU in MIG mode, leased only through its
+    slices): no "free" or holder."""
     util = sample.get("gpu_utilization") if sample else None
     memory = sample.get("memory_used_mib") if sample else None
     total = sample.get("memory_total_mib") if sample else None
@@ -98,15 +100,25 @@ def device_cell(
         f'<div class="dev{" held" if holders else ""}" title="{_e(uuid)}">'
         f'<span class="sq" style="background:{heat_colour(util)}"></span>'
         f'<b>{_e(label)}</b>{_e(extra)} — <span class="who">{_e(holder)}</span>{state} '
-        f'<span class="m">util {_pct(util)} · mem {memory_text}</span></div>'
+        f'<span class="m">util {_pct(util)} · mem {memory_text}</span>{controls}</div>'
     )
 
 
+Controls = Callable[[str, int | None, str], str]  # (node, GPU index or None, health) -> buttons' HTML
+
+
+def _no_controls(_node: str, _gpu_index: int | None, _health: str) -> str:
+    return ""
+
+
 def pool_tree(
-    pool: Mapping[str, Any], users_of: Mapping[str, str], latest: Mapping[str, Mapping[str, Any]]
+    pool: Mapping[str, Any],
+    users_of: Mapping[str, str],
+    latest: Mapping[str, Mapping[str, Any]],
+    controls: Controls = _no_controls,
 ) -> str:
     """Nodes → GPUs → MIG slices and shares, from ``describe_pool``; ``users_of`` maps a lease id (the
-    pool's holder) to ``user (server or job)``."""
+    pool's holder) to ``user (server or job)``; ``controls`` adds an admin's buttons to each node and GPU."""
     parts = []
     for node in pool.get("nodes", []):
         health = "" if node["health"] == "healthy" else f' <span class="bad">{_e(node["health"])}</span>'
@@ -126,6 +138,7 @@ def pool_tree(
                 latest.get(gpu["uuid"]),
                 extra,
                 leased_whole=gpu["mode"] != "mig",
+                controls=controls(node["name"], gpu["index"], gpu["health"]),
             )
             slices = "".join(
                 device_cell(
@@ -141,29 +154,44 @@ def pool_tree(
         cpu = f"CPU {node['cpu_free_milli'] / 1000:g}/{node['cpu_milli'] / 1000:g} free"
         parts.append(
             f'<li class="node"><b>{_e(node["name"])}</b>{health} <span class="m">{cpu}</span>'
+            f"{controls(node['name'], None, node['health'])}"
             f"<ul>{''.join(gpus) or '<li>(no GPUs)</li>'}</ul></li>"
         )
     return f'<ul class="tree">{"".join(parts)}</ul>'
 
 
-def heat_map(pool: Mapping[str, Any], latest: Mapping[str, Mapping[str, Any]]) -> str:
+def heat_map(
+    pool: Mapping[str, Any], latest: Mapping[str, Mapping[str, Any]], holders: Mapping[str, str]
+) -> str:
     """A row of squares per node, one per leasable device (a whole or shared GPU, or a MIG slice),
-    coloured by its latest utilisation."""
+    coloured by its latest utilisation. A colour alone says nothing to a screen reader or on a glance, so
+    each square is labelled (``title`` and ``aria-label``) with what it is, its use and who holds it;
+    ``holders`` maps a lease id to ``alice's server``."""
     rows = []
     for node in pool.get("nodes", []):
         cells = []
         for gpu in node["gpus"]:
-            devices = [(f"MIG {m['profile']} on #{gpu['index']}", m["uuid"]) for m in gpu["mig"]] or [
-                (f"{gpu['product']} #{gpu['index']}", gpu["uuid"])
-            ]
-            for label, uuid in devices:
-                util = latest.get(uuid, {}).get("gpu_utilization")
+            name = f"{gpu['product']} #{gpu['index']}"
+            devices = [(f"MIG {m['profile']} slice of {name}", m) for m in gpu["mig"]] or [(name, gpu)]
+            health = next((h for h in (gpu["health"], node["health"]) if h != "healthy"), "")
+            for label, device in devices:
+                util = latest.get(device["uuid"], {}).get("gpu_utilization")
+                said = heat_label(
+                    f"{label} on {node['name']}", util, [holders.get(h, h) for h in device["holders"]], health
+                )
                 cells.append(
-                    f'<span class="hm" data-uuid="{_e(uuid)}" title="{_e(label)}: {_pct(util)}" '
-                    f'style="background:{heat_colour(util)}">{_e(_pct(util))}</span>'
+                    f'<span class="hm" role="img" data-uuid="{_e(device["uuid"])}" title="{_e(said)}" '
+                    f'aria-label="{_e(said)}" style="background:{heat_colour(util)}">{_e(_pct(util))}</span>'
                 )
         rows.append(f"<tr><th>{_e(node['name'])}</th><td>{''.join(cells)}</td></tr>")
     return f'<table class="heat">{"".join(rows)}</table>'
+
+
+def heat_label(device: str, utilization: float | None, holders: Sequence[str], health: str = "") -> str:
+    """``H100-80GB #3 on dgx-h100-01: 42% used, held by alice's server`` (``, drained`` when not healthy)."""
+    use = "utilisation not available" if utilization is None else f"{utilization:.0f}% used"
+    who = f"held by {' and '.join(holders)}" if holders else "free"
+    return f"{device}: {use}, {who}" + (f", {health}" if health else "")
 
 
 def queue_table(queue: Sequence[QueuedLease]) -> str:
@@ -219,18 +247,34 @@ def summary_line(summary: Mapping[str, Any]) -> str:
     )
 
 
-def page(title: str, body: str, *, simulated: bool | None, refresh_seconds: float = 5.0) -> str:
-    """A whole page; its script swaps in a fresh ``#gpupool-dashboard`` every ``refresh_seconds``."""
+def page(
+    title: str,
+    body: str,
+    *,
+    simulated: bool | None,
+    refresh_seconds: float = 5.0,
+    nav: str = "",
+    xsrf: str = "",
+    script: str = "",
+) -> str:
+    """A whole page; its script swaps in a fresh ``#gpupool-dashboard`` every ``refresh_seconds`` (and
+    whenever another script calls ``gpupoolRefresh()``). ``nav`` goes on top; ``xsrf`` (the browser's XSRF
+    token, on the refreshed part so a restarted service's new one arrives) and ``script`` are the console's;
+    ``#gpupool-result`` says what its last action did, outside the refreshed part."""
     label = '<span class="sim">simulated</span>' if simulated else ""
-    script = (
-        "<script>setInterval(async()=>{try{const r=await fetch(location.href,{credentials:'same-origin'});"
-        "if(!r.ok)return;const d=new DOMParser().parseFromString(await r.text(),'text/html');"
+    refresh = (
+        "<script>window.gpupoolRefresh=async()=>{try{const r=await fetch(location.href,"
+        "{credentials:'same-origin'});if(!r.ok)return;"
+        "const d=new DOMParser().parseFromString(await r.text(),'text/html');"
         "const n=d.getElementById('gpupool-dashboard');if(n)document.getElementById('gpupool-dashboard')"
-        f".replaceWith(n);}}catch(e){{}}}},{int(refresh_seconds * 1000)});</script>"
+        f".replaceWith(n);}}catch(e){{}}}};setInterval(window.gpupoolRefresh,{int(refresh_seconds * 1000)});"
+        "</script>"
     )
     return (
         f'<!doctype html><html><head><meta charset="utf-8"><title>{_e(title)}</title><style>{_CSS}</style>'
-        f'</head><body><h1>{_e(title)} {label}</h1><div id="gpupool-dashboard">{body}</div>{script}'
+        f"</head><body>{nav}<h1>{_e(title)} {label}</h1>"
+        '<p id="gpupool-result" role="status" aria-live="polite"></p>'
+        f'<div id="gpupool-dashboard" data-xsrf="{_e(xsrf)}">{body}</div>{refresh}{script}'
         "</body></html>"
     )
 
@@ -263,4 +307,10 @@ _CSS = (
     ".bad{color:#b00;font-weight:bold}table{border-collapse:collapse}td,th{padding:2px 8px;text-align:left}"
     ".heat .hm{display:inline-block;min-width:3.2em;text-align:center;margin:1px;padding:4px 2px;"
     "font-size:80%;border-radius:3px}.idle{color:#a40}section{margin-bottom:1.2em}"
+    "nav.hub{display:flex;gap:1.2em;align-items:center;background:#f3f4f6;margin:-1em -2em 0;padding:.5em 2em;"
+    "border-bottom:1px solid #ddd}nav.hub .me{margin-left:auto;color:#667}"
+    ".side{display:flex;flex-wrap:wrap;gap:2em;align-items:flex-start}.side>section{flex:1 1 28em}"
+    "button.act{font-size:80%;margin-left:.5em;padding:1px 8px;cursor:pointer}"
+    "#gpupool-result:empty{display:none}#gpupool-result{padding:.4em .8em;border-radius:4px;background:#eef}"
+    "#gpupool-result.ok{background:#e3f6e3}#gpupool-result.bad{background:#fde3e3}"
 )

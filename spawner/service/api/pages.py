@@ -1,10 +1,13 @@
 """The pages at ``{prefix}`` (``/services/gpupool/``): the admin dashboard and a user's own usage page.
 
 An administrator (``custom:gpupool:admin``) sees the pool as nodes → GPUs → MIG slices and shares with who
-holds what and each device's health, a utilisation heat map from the latest samples, the queue, and the held
-devices that have been idle (at or below the culler's ``GPUPOOL_GPU_IDLE_THRESHOLD`` for at least
-``idle_after`` seconds, up to now: what the dashboard calls idle is what culling calls idle). Any other user with access to the service sees their own leases, their devices' latest readings, their
-idle devices and their GPU-hours held against used.
+holds what and each device's health, a utilisation heat map from the latest samples (each square labelled),
+the queue, servers beside jobs, and the held devices that have been idle (at or below the culler's
+``GPUPOOL_GPU_IDLE_THRESHOLD`` for at least ``idle_after`` seconds, with fresh readings as the culler wants
+them: what the dashboard calls idle is what culling calls idle); the admin's console (:mod:`.admin_console`)
+adds buttons that drain, release and cancel through the REST API. Any other user with access to the service
+sees their own leases, their devices' latest readings, their idle devices and their GPU-hours held against
+used, and no buttons. Both pages carry the hub's navigation bar.
 
 Authentication: a browser logged in to the hub is let in through JupyterHub's OAuth (:mod:`.browser_login`:
 no token to paste; the hub decides who the caller is and whether they are an admin). Scripts may send a
@@ -32,12 +35,16 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, R
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from ...inventory import describe_pool
+from ...pool.job_states import JobState
 from ...pool.leases import Lease, LeaseState
 from ...pool.requests import describe
-from ...telemetry.aggregates import DEFAULT_USED_THRESHOLD, MinuteAggregate
+from ...telemetry.activity import DEFAULT_THRESHOLD_PERCENT
+from ...telemetry.aggregates import MinuteAggregate
 from ...telemetry.samples import Sample
+from .admin_console import CONSOLE_SCRIPT, JobRow, ServerRow, device_controls, hub_nav, servers_and_jobs
 from .auth import TOKEN_COOKIE, Caller
 from .context import PartsDep, ServiceParts
+from .idle_routes import stale_after
 from .page_html import (
     IdleDevice,
     QueuedLease,
@@ -74,14 +81,18 @@ def held_idle(
     history: RecentSamples,
     minutes: Iterable[MinuteAggregate],
     *,
-    threshold: float = DEFAULT_USED_THRESHOLD,
+    threshold: float = DEFAULT_THRESHOLD_PERCENT,
     min_seconds: float = 60.0,
     max_gap: float = 10.0,
+    now: float | None = None,
+    stale_after: float = float("inf"),
 ) -> list[IdleDevice]:
-    """Held devices whose utilisation stayed at or below ``threshold`` percent from some time up to their latest
-    sample, for at least ``min_seconds``, longest first. The span runs back through the recent samples and,
-    past them, through contiguous per-minute aggregates of the same lease that were idle too. A device whose
-    utilisation is not available is never called idle."""
+    """Held devices whose utilisation stayed at or below ``threshold`` percent (the culler's, by default) from
+    some time up to their latest sample, for at least ``min_seconds``, longest first. The span runs back
+    through the recent samples and, past them, through contiguous per-minute aggregates of the same lease that
+    were idle too. A device whose utilisation is not available, or whose latest sample is more than
+    ``stale_after`` seconds older than ``now`` (the sampler stopped), is never called idle: the culler calls it
+    unknown."""
     by_device: dict[tuple[str, str], list[MinuteAggregate]] = {}
     for aggregate in minutes:
         if aggregate.holder is not None:
@@ -89,7 +100,7 @@ def held_idle(
     found = []
     for device in held:
         samples = history.recent(device.uuid, device.granted_at - 1e-9)
-        if not samples:
+        if not samples or (now is not None and now - samples[-1].time > stale_after):
             continue
         idle_tail = []
         for sample in reversed(samples):
@@ -131,6 +142,12 @@ def device_labels(pool: Mapping[str, Any]) -> dict[str, str]:
             for instance in gpu["mig"]:
                 labels[instance["uuid"]] = f"MIG {instance['profile']} on {name}"
     return labels
+
+
+def holder_phrase(lease: Lease) -> str:
+    """Who holds a lease, in a sentence: ``alice's server``, ``alice's server big``, ``alice's job x``."""
+    what = "job" if lease.owner_kind == "job" else "server"
+    return f"{lease.user}'s {what}" + (f" {lease.owner_name}" if lease.owner_name else "")
 
 
 def holder_name(lease: Lease) -> str:
@@ -185,9 +202,20 @@ async def dashboard(request: Request, parts: PartsDep, caller: BrowserCaller) ->
         telemetry.simulated if telemetry.history.last_time is not None else parts.backend == "simulated"
     )
     if caller.is_admin:
-        return HTMLResponse(page("gpupool — pool", _admin_body(parts, view), simulated=simulated))
-    body = _user_body(parts, view, caller.name)
-    return HTMLResponse(page(f"gpupool — {caller.name}", body, simulated=simulated))
+        title, body, script = "gpupool — pool", _admin_body(parts, view), CONSOLE_SCRIPT
+    else:  # no buttons and no script: the routes would refuse their requests anyway
+        title, body, script = f"gpupool — {caller.name}", _user_body(parts, view, caller.name), ""
+    cookie = request.cookies.get(TOKEN_COOKIE)
+    return HTMLResponse(
+        page(
+            title,
+            body,
+            simulated=simulated,
+            nav=hub_nav(parts.auth.hub_auth.hub_prefix, caller.name, hub_admin=caller.hub_admin),
+            xsrf=parts.auth.xsrf_token(cookie) if cookie else "",  # the console's, with the login cookie
+            script=script,
+        )
+    )
 
 
 def _log_in(parts: ServiceParts, request: Request) -> Response:
@@ -220,15 +248,21 @@ def _gather(parts: ServiceParts) -> _View:
         for g in lease.devices
     ]
     idle = held_idle(
-        held, telemetry.history, telemetry.minutes, threshold=threshold, min_seconds=parts.idle_after
+        *(held, telemetry.history, telemetry.minutes),
+        threshold=threshold,
+        min_seconds=parts.idle_after,
+        now=parts.clock(),
+        stale_after=stale_after(telemetry),  # a stopped sampler: unknown to the culler, so not idle here
     )
     note = f"at most {threshold:g}% for at least {parts.idle_after / 60:g} min"
     return _View(pool, leases, latest, idle, note)
 
 
 def _admin_body(parts: ServiceParts, view: _View) -> str:
-    """The whole pool: utilisation heat map, idle devices, the queue and the pool tree."""
+    """The whole pool: utilisation heat map, idle devices, the queue, servers beside jobs, and the pool tree,
+    with the console's buttons."""
     users_of = {lease.id: holder_name(lease) for lease in view.leases}
+    phrases = {lease.id: holder_phrase(lease) for lease in view.leases}
     now = parts.clock()
     queue = sorted(
         (
@@ -247,12 +281,39 @@ def _admin_body(parts: ServiceParts, view: _View) -> str:
     )
     return (
         f'<p class="summary">{summary_line(view.pool["summary"])}</p>'
-        + section("Utilisation", heat_map(view.pool, view.latest), "heat")
+        + section("Utilisation", heat_map(view.pool, view.latest, phrases), "heat")
         + section(f"Held but idle ({view.note})", idle_list(view.idle, view.note), "idle")
         + section("Queue", queue_table(queue), "queue")
+        + servers_and_jobs(_servers(view, now), _jobs(parts, now), parts.api_base)
         + _host_section(parts, view)
-        + section("Pool", pool_tree(view.pool, users_of, view.latest), "pool")
+        + section(
+            "Pool", pool_tree(view.pool, users_of, view.latest, device_controls(parts.api_base)), "pool"
+        )
     )
+
+
+def _servers(view: _View, now: float) -> list[ServerRow]:
+    labels = device_labels(view.pool)
+    return [
+        ServerRow(
+            lease.user,
+            lease.owner_name,
+            lease.profile,
+            lease.state.value,
+            ", ".join(labels.get(g.uuid, g.label) for g in lease.devices),
+            now - lease.created_at,
+            lease.id,
+        )
+        for lease in view.leases
+        if lease.owner_kind != "job"
+    ]
+
+
+def _jobs(parts: ServiceParts, now: float) -> list[JobRow]:
+    """Jobs not finished, running first, then the queue by submission."""
+    jobs = [j for j in parts.jobs.all_jobs() if not j.state.finished]
+    jobs.sort(key=lambda j: (j.state is not JobState.RUNNING, j.submitted_at))
+    return [JobRow(j.id, j.name, j.user, j.profile, j.state.value, now - j.submitted_at) for j in jobs]
 
 
 def _host_section(parts: ServiceParts, view: _View) -> str:

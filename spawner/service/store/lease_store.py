@@ -37,6 +37,7 @@ from sqlalchemy.pool import StaticPool
 
 from ...pool.leases import Lease, LeaseState, NewLease, OwnerKind
 from ...pool.requests import GpuNeed, GpuShare, MigSlice, Request, WholeGpus
+from ...pool.software import Software
 from ...pool.state import Grant
 from .schema import Base, create_schema
 
@@ -288,6 +289,8 @@ def request_to_json(request: Request) -> dict[str, Any]:
     if need is not None:
         kind = next(name for name, cls in _NEED_KINDS.items() if isinstance(need, cls))
         gpu = {"kind": kind, **asdict(need), "products": sorted(need.products)}
+        if not need.software:
+            del gpu["software"]  # what any GPU has: stored as before
     held = {} if request.seconds is None else {"seconds": request.seconds}
     return {"cpu_milli": request.cpu_milli, "memory_mib": request.memory_mib, "gpu": gpu, **held}
 
@@ -297,5 +300,9 @@ def request_from_json(data: dict[str, Any]) -> Request:
     need: GpuNeed | None = None
     if gpu is not None:
         fields = {k: v for k, v in gpu.items() if k != "kind"}
-        need = _NEED_KINDS[gpu["kind"]](**fields | {"products": frozenset(fields.get("products", ()))})
+        fields |= {
+            "products": frozenset(fields.get("products", ())),
+            "software": Software(**fields.get("software", {})),
+        }
+        need = _NEED_KINDS[gpu["kind"]](**fields)
     return Request(data["cpu_milli"], data["memory_mib"], need, data.get("seconds"))
