@@ -241,7 +241,7 @@ ERRORS = [
     (PROFILE + "    dispaly_name: Q\n",
      "profiles.yaml: profile p: unknown field 'dispaly_name' (did you mean 'display_name'?); allowed fields "
      "are slug, display_name, description, gpus, mig, share, cpu, memory, groups, idle_timeout, "
-     "max_lifetime, gpu_idle_timeout, queue_wait, default"),
+     "max_lifetime, gpu_idle_timeout, queue_wait, default, environments"),
     (PROFILE + "    gpus: {cout: 1}\n",
      "profiles.yaml: profile p: unknown field 'cout' in gpus (did you mean 'count'?); allowed fields are "
      "count, products, min_memory_gb, min_cuda, min_compute_capability"),

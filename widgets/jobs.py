@@ -13,12 +13,16 @@ asks the service afresh: a handle never holds stale state.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from ._api import Connection
+
+NOTEBOOK = "notebook"  # submit(environment=NOTEBOOK): the environment this notebook's server runs in
+ENV_VAR = "GPUPOOL_ENVIRONMENT"  # set by the spawner (gpupool.spawner.pool.environments.ENV_VAR)
 
 FINISHED = frozenset({"succeeded", "failed", "cancelled", "timed-out"})
 
@@ -90,12 +94,14 @@ def submit(
     retries: int = 2,
     priority_class: str = "batch",
     submission_id: str | None = None,
+    environment: str | None = None,
     connection: Connection | None = None,
 ) -> Job:
     """Submit ``command`` (a list of arguments, never a shell string) to run on ``profile``'s devices.
 
     ``max_runtime`` is seconds or a duration such as ``"2h"``. ``submission_id`` makes it safe to retry: the
-    same id returns the same job, never a second one.
+    same id returns the same job, never a second one. ``environment`` is one of the profile's environments,
+    or ``"notebook"`` for this notebook's own.
     """
     body = submission(
         command,
@@ -107,6 +113,7 @@ def submit(
         retries=retries,
         priority_class=priority_class,
         submission_id=submission_id,
+        environment=environment,
     )
     connection = connection or Connection()
     created = connection.call("POST", "jobs", json=body)
@@ -124,8 +131,10 @@ def submission(
     retries: int = 2,
     priority_class: str = "batch",
     submission_id: str | None = None,
+    environment: str | None = None,
 ) -> dict[str, Any]:
-    """The body of ``POST jobs`` for :func:`submit` and ``JobPanel`` (which sends it without blocking)."""
+    """The body of ``POST jobs`` for :func:`submit` and ``JobPanel`` (which sends it without blocking).
+    ``environment="notebook"`` is the notebook's own (its server's ``GPUPOOL_ENVIRONMENT``)."""
     if isinstance(command, str):
         raise TypeError('command must be a list of arguments, e.g. ["python", "train.py"], not a string')
     body: dict[str, Any] = {
@@ -135,7 +144,18 @@ def submission(
         "priority_class": priority_class,
         "env": dict(env or {}),
     }
-    optional = {"name": name, "working_dir": working_dir, "max_runtime": max_runtime}
+    if environment == NOTEBOOK:
+        environment = os.environ.get(ENV_VAR) or None
+        if environment is None:
+            raise ValueError(
+                f"environment: this notebook's server runs in no named environment ({ENV_VAR} is unset)"
+            )
+    optional = {
+        "name": name,
+        "working_dir": working_dir,
+        "max_runtime": max_runtime,
+        "environment": environment,
+    }
     body |= {key: value for key, value in optional.items() if value is not None}
     if submission_id is not None:
         body["submission_id"] = submission_id

@@ -72,6 +72,7 @@ class ServiceClient(Connection):
         owner_kind: str = "server",
         owner_name: str = "",
         walltime: float | None = None,
+        environment: str | None = None,
     ) -> dict[str, Any]:
         """``POST leases`` for ``user``: the lease, ``granted`` (with devices) or ``queued`` (with
         ``position`` and ``waiting_message``)."""
@@ -82,6 +83,7 @@ class ServiceClient(Connection):
             "user": user,
             "groups": sorted(groups),
             **({"walltime": walltime} if walltime is not None else {}),
+            **({"environment": environment} if environment else {}),
         }
         return cast(dict[str, Any], await self.acall("POST", "leases", json=body))
 

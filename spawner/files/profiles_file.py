@@ -18,6 +18,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..pool.environments import Environment
 from ..pool.products import marketed_gb_to_mib
 from ..pool.profiles import DURATIONS, Profile, ProfileError, parse_duration, slug_problem
 from ..pool.requests import GpuNeed, GpuShare, InvalidRequest, MigSlice, WholeGpus
@@ -28,8 +29,17 @@ EXAMPLE_PROFILES: Path = Path(str(files("gpupool.hub_config").joinpath("profiles
 
 _FIELDS = (
     "slug", "display_name", "description", "gpus", "mig", "share", "cpu", "memory", "groups",
-    "idle_timeout", "max_lifetime", "gpu_idle_timeout", "queue_wait", "default",
+    "idle_timeout", "max_lifetime", "gpu_idle_timeout", "queue_wait", "default", "environments",
 )  # fmt: skip
+_ENVIRONMENT_FIELDS = (
+    "slug",
+    "display_name",
+    "bin",
+    "image",
+    "default",
+    "min_cuda",
+    "min_compute_capability",
+)
 _SOFTWARE_FIELDS = ("min_cuda", "min_compute_capability")
 _GPU_FIELDS = {
     "gpus": ("count", "products", "min_memory_gb", *_SOFTWARE_FIELDS),
@@ -116,6 +126,7 @@ def _profile(source: str, position: int, raw: object) -> Profile:
             gpu_idle_timeout=gpu_idle,
             queue_wait=queue_wait,
             default=bool(default),
+            environments=_environments(where, raw.get("environments")),
         )
     except ProfileError as error:  # only the invariants Profile checks itself: the prefix is not there yet
         where.fail(str(error))
@@ -153,6 +164,38 @@ def _gpu_need(where: _Where, raw: dict[Any, Any]) -> GpuNeed | None:
         return GpuShare(_milli(where, spec), cap, products, software)
     except InvalidRequest as error:
         where.fail(str(error))
+
+
+def _environments(where: _Where, raw: object) -> tuple[Environment, ...]:
+    """``environments``: a list of ``{slug, display_name, bin or image, default, min_cuda, ...}``."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        where.fail(
+            f"environments must be a non-empty list of {{slug, display_name, bin or image}}, got {kind(raw)}"
+        )
+    found = []
+    for position, spec in enumerate(raw, start=1):
+        if not isinstance(spec, dict):
+            where.fail(
+                f"environments item {position} must be a mapping with slug and display_name, got {kind(spec)}"
+            )
+        check_fields(where, spec, _ENVIRONMENT_FIELDS, f" in environments item {position}")
+        slug = required_field(where, spec, "slug", f"environments item {position}: slug")
+        if slug_problem(slug):
+            where.fail(f"environments item {position}: {slug_problem(slug)}")
+        name = _text(where, spec, "display_name", required=True)
+        bin_folder, image = _text(where, spec, "bin"), _text(where, spec, "image")
+        if bin_folder and not bin_folder.startswith("/"):
+            where.fail(
+                f"environments {slug}: bin must be an absolute folder such as /opt/envs/torch/bin, got {bin_folder!r}"
+            )
+        default = spec.get("default", False)
+        if not isinstance(default, bool):
+            where.fail(f"environments {slug}: default must be true or false, got {default!r}")
+        software = _software(where, spec, f"environments {slug}")
+        found.append(Environment(str(slug), name, bin_folder, image, software, default))
+    return tuple(found)
 
 
 def _software(where: _Where, spec: dict[Any, Any], ask: str) -> Software:

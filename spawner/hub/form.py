@@ -14,6 +14,8 @@ from html import escape
 from typing import Any
 
 from ..client.leases import Availability
+from ..pool.environments import FIELD as ENVIRONMENT  # the spawners read it here too
+from ..pool.environments import Environment, choose
 from ..pool.expected_start import in_words, time_of_day
 from ..pool.profiles import Profile, UnknownProfile, format_duration, parse_duration
 
@@ -159,7 +161,26 @@ def _row(choice: ProfileChoice, checked: bool) -> str:
     return (
         f'<div class="gpupool-profile" data-slug="{slug}">'
         f'<label for="{field_id}"><input type="radio" name="{FIELD}" id="{field_id}" value="{slug}"{check}> '
-        f"{summary}{_availability(choice)}</label></div>"
+        f"{summary}{_availability(choice)}</label>{_environment_field(profile)}</div>"
+    )
+
+
+def environment_field_name(slug: str) -> str:
+    """The form field of a profile's environment choice (one per profile: only the chosen profile's counts)."""
+    return f"{ENVIRONMENT}-{slug}"
+
+
+def _environment_field(profile: Profile) -> str:
+    if not profile.environments:
+        return ""
+    name = escape(environment_field_name(profile.slug))
+    options = "".join(
+        f'<option value="{escape(e.slug)}"{" selected" if e.default else ""}>{escape(e.describe())}</option>'
+        for e in profile.environments
+    )
+    return (
+        f'<label class="gpupool-environment" for="{name}">Environment '
+        f'<select name="{name}" id="{name}">{options}</select></label>'
     )
 
 
@@ -190,6 +211,20 @@ def walltime_of(options: Mapping[str, Any], profile: Profile) -> int | None:
             f"{WALLTIME}: {profile.slug} servers live at most {limit}, got {format_duration(seconds)}"
         )
     return seconds
+
+
+def environment_of(options: Mapping[str, Any], profile: Profile) -> Environment | None:
+    """The environment ``options`` choose for ``profile`` (its default when they name none); raises
+    :class:`UnknownEnvironment` listing the ones it offers."""
+    raw = options.get(ENVIRONMENT)
+    slug = str(raw[0] if isinstance(raw, list) and raw else raw or "").strip() or None
+    return choose(profile.environments, slug, profile.slug)
+
+
+def lease_options(options: Mapping[str, Any], profile: Profile) -> dict[str, Any]:
+    """What a server's lease asks beyond the profile: its wall-time and environment, both checked here."""
+    chosen = environment_of(options, profile)
+    return {"walltime": walltime_of(options, profile), "environment": chosen.slug if chosen else None}
 
 
 def availability_text(choice: ProfileChoice) -> str:
@@ -252,6 +287,11 @@ def profile_list(choices: Sequence[ProfileChoice]) -> list[dict[str, object]]:
             "slug": profile.slug,
             "description": description,
         }
+        if profile.environments:  # KubeSpawner's own vocabulary; the spawner sets the chosen image itself
+            offered = {
+                e.slug: {"display_name": e.describe(), "default": e.default} for e in profile.environments
+            }
+            row["profile_options"] = {ENVIRONMENT: {"display_name": "Environment", "choices": offered}}
         if choice is default:
             row["default"] = True
         rows.append(row)

@@ -28,6 +28,7 @@ from ..kube.events import plain_event
 from ..kube.grant import KubeGrant
 from ..kube.manifests import ManifestError
 from ..kube.pods import server_pod_overrides
+from ..pool.environments import ENV_VAR
 from . import form
 from .compat import SpawnException
 from .leasing import GpuLeasing, check_user_options
@@ -109,13 +110,19 @@ class KubeGPUSpawner(GpuLeasing, KubeSpawner):  # type: ignore[misc]  # KubeSpaw
         except ManifestError as error:
             raise SpawnException(f"gpupool: {error}", reason="gpupool_manifest", status_code=500) from error
         if self._configured is None:  # the admin's settings, before any lease touched them
-            self._configured = {name: copy.deepcopy(getattr(self, name)) for name in _MERGED + _REPLACED}
+            self._configured = {
+                name: copy.deepcopy(getattr(self, name)) for name in (*_MERGED, *_REPLACED, "image")
+            }
         configured = self._configured
         values: dict[str, Any] = dict(overrides)
         for name in _REPLACED:
             setattr(self, name, values[name])
         for name in ("node_affinity_required", "tolerations"):
             setattr(self, name, [*configured[name], *values[name]])
+        chosen = form.environment_of(self.user_options or {}, profile)
+        if chosen is not None:  # the profile's choice of software: its image, and its name for jobs to name
+            values["environment"] = {**values["environment"], ENV_VAR: chosen.slug}
+        self.image = chosen.image if chosen is not None and chosen.image else configured["image"]
         for name in ("extra_labels", "extra_annotations", "environment"):
             setattr(self, name, {**configured[name], **values[name]})
         self._lease_env = {}  # the pod's environment carries it, and never device UUIDs (the plugin's part)

@@ -330,9 +330,9 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         down = False
         while True:
             try:
-                walltime = form.walltime_of(self.user_options, profile)
+                asks = form.lease_options(self.user_options, profile)
                 return await service.create_lease(
-                    *(self.user.name, self.user_groups, profile.slug), owner_name=self.name, walltime=walltime
+                    *(self.user.name, self.user_groups, profile.slug), owner_name=self.name, **asks
                 )
             except GpupoolError as error:
                 if error.status not in _SERVICE_DOWN or asyncio.get_running_loop().time() >= deadline:
@@ -390,11 +390,11 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
 
 
 def check_user_options(spawner: GpuLeasing, user_options: Mapping[str, Any]) -> None:
-    """``apply_user_options``: refuse an unknown or forbidden profile, or a wall-time past its lifetime, before
-    anything starts; give the spawn its profile's queue wait (:mod:`.queue_wait`)."""
+    """``apply_user_options``: refuse an unknown or forbidden profile, an environment it does not offer or a
+    wall-time past its lifetime, before anything starts; give the spawn its profile's queue wait."""
     profile = spawner.resolve_profile(user_options)
     try:
-        form.walltime_of(user_options, profile)
-    except ValueError as error:
-        raise SpawnException(str(error), reason="bad_walltime", status_code=400) from error
+        form.lease_options(user_options, profile)
+    except (ValueError, LookupError) as error:  # a bad walltime, an unknown environment
+        raise SpawnException(str(error), reason="bad_user_options", status_code=400) from error
     fit_start_timeout(spawner, profile)

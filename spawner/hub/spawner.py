@@ -31,6 +31,8 @@ from ..client import GpupoolError
 from ..device_env import lease_env
 from ..files.profiles_file import read_profiles
 from ..limits import Cgroup, HostCgroups, Limits, server_group, this_host
+from ..pool.environments import ENV_VAR
+from ..pool.environments import FIELD as ENVIRONMENT
 from ..system_groups import system_groups as groups_on_host
 from . import form
 from .compat import SpawnException
@@ -67,6 +69,18 @@ class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner):  # type: ignore[misc]  #
         user's job logs and checkpoints under ``~/.gpupool/jobs/<id>/`` show beside their notebooks. Left
         alone when ``args`` already set ``allow_hidden``.""",
     )
+
+    def get_env(self) -> dict[str, str]:
+        """The lease's environment, and the chosen environment's: its ``bin`` first on ``PATH`` (so the server's
+        ``jupyterhub-singleuser`` and ``python`` are that environment's) and its slug in
+        ``GPUPOOL_ENVIRONMENT``, which a job submitted from the notebook can name."""
+        env: dict[str, str] = super().get_env()
+        chosen = form.environment_of(self.user_options or {}, self.resolve_profile())
+        if chosen is not None:
+            env[ENV_VAR] = chosen.slug
+            if chosen.bin:
+                env["PATH"] = f"{chosen.bin}:{env.get('PATH') or os.environ.get('PATH', '')}"
+        return env
 
     def get_args(self) -> list[str]:
         """JupyterHub's arguments, with the job folders visible (``show_job_folders``)."""
@@ -157,13 +171,16 @@ def host_cgroups_once() -> HostCgroups:
 
 
 def _profile_from_formdata(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
-    """``options_from_form``: the form's radio and wall-time as ``{"profile": slug, "walltime": "4h"}``
-    (checked later, in one place)."""
+    """``options_from_form``: the form's radio, wall-time and the chosen profile's environment as
+    ``{"profile": slug, "walltime": "4h", "environment": "pytorch"}`` (checked later, in one place)."""
     options = {}
     for field in (form.FIELD, form.WALLTIME):
         values = [v.strip() for v in formdata.get(field, []) if v.strip()]
         if values:
             options[field] = values[0]
+    chosen = formdata.get(form.environment_field_name(options.get(form.FIELD, "")), [])
+    if chosen and chosen[0].strip():
+        options[ENVIRONMENT] = chosen[0].strip()  # the chosen profile's environment, not another row's
     return options
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .devices import Node
+from .environments import Environment, choose, merged
 from .mig import GEOMETRIES, NotMigCapable, UnknownMigProfile, geometry, profile_memory_gb
 from .products import mib_to_marketed_gb
 from .requests import GpuNeed, MigSlice, Request, WholeGpus
@@ -74,6 +75,7 @@ class Profile:
         None  # how long a spawn may wait in the queue (None: the spawner's start_timeout)
     )
     default: bool = False
+    environments: tuple[Environment, ...] = ()  # the software choices it offers (see environments.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "groups", frozenset(self.groups))
@@ -81,13 +83,16 @@ class Profile:
         if problem:
             raise ProfileError(problem)
 
-    def request(self, seconds: float | None = None) -> Request:
+    def request(self, seconds: float | None = None, environment: str | None = None) -> Request:
         """What a server or job of this profile asks the pool for, held for ``seconds`` (a wall-time) or, when
-        not given, for the profile's ``max_lifetime``."""
+        not given, for the profile's ``max_lifetime``; in ``environment`` (its needs of a GPU count too).
+        :class:`UnknownEnvironment` for one the profile does not offer."""
         held = seconds if seconds is not None else self.max_lifetime
-        return Request(
-            self.cpu_milli, self.memory_mib, self.gpu, None if held is None else max(1, round(held))
-        )
+        gpu = self.gpu
+        chosen = choose(self.environments, environment, self.slug)
+        if gpu is not None and chosen is not None:
+            gpu = replace(gpu, software=merged(gpu.software, chosen))
+        return Request(self.cpu_milli, self.memory_mib, gpu, None if held is None else max(1, round(held)))
 
     def gpu_description(self) -> str:
         """The GPU ask in the words the form shows: ``1 × H100-80GB``, ``MIG 3g.40gb``, ``CPU only``."""
@@ -166,6 +171,21 @@ def _invariant_problem(profile: Profile) -> str | None:
         )
     if isinstance(profile.gpu, MigSlice):
         return _mig_problem(profile.gpu)
+    return _environments_problem(profile)
+
+
+def _environments_problem(profile: Profile) -> str | None:
+    slugs = [e.slug for e in profile.environments]
+    for environment in profile.environments:
+        where = f"environments: {environment.slug}"
+        if slug_problem(environment.slug):
+            return f"environments: {slug_problem(environment.slug)}"
+        if slugs.count(environment.slug) > 1:
+            return f"{where} is listed twice; environment slugs must be unique within a profile"
+        if environment.software and profile.gpu is None:
+            return f"{where} needs a GPU's CUDA or compute capability, and this profile asks for no GPU"
+    if sum(e.default for e in profile.environments) > 1:
+        return "environments: at most one may be default: true"
     return None
 
 

@@ -68,6 +68,7 @@ async def post_job(body: JobRequest, parts: PartsDep, caller: CallerDep, respons
         priority_class=body.priority_class,
         retries=body.retries,
         submission_id=body.submission_id,
+        environment=body.environment,
     )
     job, created = jobs.submit(caller.name, caller.groups, ask, is_admin=caller.is_admin)
     if not created:

@@ -13,6 +13,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 
 from ...inventory import describe_pool
 from ...kube.resources import kube_grant
+from ...pool.environments import UnknownEnvironment
 from ...pool.leases import Lease, LeaseState
 from ...pool.profiles import find_profile
 from ...pool.quotas import standing, standing_in_words, usage
@@ -117,8 +118,12 @@ async def post_lease(body: LeaseRequest, parts: PartsDep, caller: CallerDep) -> 
             status.HTTP_400_BAD_REQUEST,
             f"walltime: {profile.slug} servers live at most {profile.max_lifetime:g} s, got {body.walltime:g}",
         )
+    try:
+        request = profile.request(body.walltime, body.environment)
+    except UnknownEnvironment as error:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(error)) from None
     lease = parts.manager.request_lease(
-        body.user, groups, body.owner_kind, body.owner_name, profile.slug, profile.request(body.walltime)
+        body.user, groups, body.owner_kind, body.owner_name, profile.slug, request
     )
     return lease_out(parts, lease)
 

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ...pool.environments import Environment
 from ...pool.job_states import Job
 from ...pool.leases import Lease
 from ...pool.profiles import Profile, parse_duration
@@ -38,6 +39,9 @@ class LeaseRequest(BaseModel):
     groups: list[str] | None = Field(
         default=None,
         description="the user's groups, for profile rules and group quotas",
+    )
+    environment: str | None = Field(
+        default=None, max_length=63, description="one of the profile's environments; default: its default one"
     )
     walltime: float | None = Field(
         default=None,
@@ -146,6 +150,22 @@ class LeaseOut(BaseModel):
         )
 
 
+class EnvironmentOut(BaseModel):
+    slug: str
+    display_name: str = Field(description="the name and what it needs, e.g. 'PyTorch 2.5 (needs CUDA 12.4)'")
+    default: bool
+    image: str = Field(description="the container image on Kubernetes; '' on one host")
+
+    @classmethod
+    def from_environment(cls, environment: Environment) -> EnvironmentOut:
+        return cls(
+            slug=environment.slug,
+            display_name=environment.describe(),
+            default=environment.default,
+            image=environment.image,
+        )
+
+
 class ProfileOut(BaseModel):
     slug: str
     display_name: str
@@ -168,6 +188,9 @@ class ProfileOut(BaseModel):
     max_lifetime: int | None = Field(default=None, description="the longest a server of it lives, in seconds")
     queue_wait: int | None = Field(
         default=None, description="the longest a spawn waits in the queue, in seconds"
+    )
+    environments: list[EnvironmentOut] = Field(
+        default_factory=list, description="the software choices it offers"
     )
 
     @classmethod
@@ -194,6 +217,7 @@ class ProfileOut(BaseModel):
             idle_timeout=profile.idle_timeout,
             max_lifetime=profile.max_lifetime,
             queue_wait=profile.queue_wait,
+            environments=[EnvironmentOut.from_environment(e) for e in profile.environments],
         )
 
 
@@ -249,6 +273,12 @@ class JobRequest(BaseModel):
     priority_class: str = Field(default="batch", description='"batch" (default) or "low"')
     retries: int = Field(
         default=2, ge=0, le=20, strict=True, description="times the pool may requeue it after a fault"
+    )
+    environment: str | None = Field(
+        default=None,
+        max_length=63,
+        description="one of the profile's environments (GET profiles lists them); default: its default one. "
+        "From a notebook, the server's own is in GPUPOOL_ENVIRONMENT",
     )
     submission_id: str | None = Field(
         default=None,

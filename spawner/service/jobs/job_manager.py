@@ -37,7 +37,7 @@ from ..leasing.lease_manager import LeaseManager, NeverFits
 from ..store.job_store import JobNotFound, JobStore
 from . import processes
 from .runner import JobRunner, LaunchError, LocalRunner, Outcome
-from .submission import Submission, TooManyQueuedJobs, check_submission, new_job, same_submission
+from .submission import Submission, TooManyQueuedJobs, check_submission, job_request, new_job, same_submission
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +100,12 @@ class JobManager:
                 name=ask.name,
                 is_admin=is_admin,
                 on_host=self.runner.host_paths,
+                environment=ask.environment,
             )
             self._check_queue_cap(user)
             job_id = new_lease_id()
             lease = self.leases.request_lease(
-                *(user, groups, "job", job_id, profile.slug, profile.request(checked.max_runtime)),
+                *(user, groups, "job", job_id, profile.slug, checked.request),
                 priority_of(checked.priority_class),
                 lease_id=f"{job_id}-1",
             )
@@ -367,7 +368,7 @@ class JobManager:
             return self.leases.get(lease_id)
         profile = find_profile(self.profiles, job.profile)
         return self.leases.request_lease(
-            *(job.user, job.groups, "job", job.id, profile.slug, profile.request(job.max_runtime)),
+            *(job.user, job.groups, "job", job.id, profile.slug, job_request(profile, job)),
             priority_of(job.priority_class),
             arrival=job.submitted_at,
             lease_id=lease_id,

@@ -17,9 +17,11 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ...pool.environments import ENV_VAR, FIELD, UnknownEnvironment, choose
 from ...pool.job_states import DEFAULT_JOB_CLASS, PRIORITY_CLASSES, USER_JOB_CLASSES, Job
 from ...pool.leases import Lease
 from ...pool.profiles import Profile
+from ...pool.requests import Request
 from .processes import Identity, find_executable
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -52,6 +54,7 @@ class Submission:
     priority_class: str = DEFAULT_JOB_CLASS
     retries: int = 2
     submission_id: str | None = None
+    environment: str | None = None  # one of the profile's environments (default: its default one)
 
 
 class InvalidJob(ValueError):
@@ -72,6 +75,7 @@ class CheckedJob:
     max_runtime: float | None
     priority_class: str
     name: str
+    request: Request  # what its lease asks the pool for: the profile's, for max_runtime, in its environment
 
 
 def check_submission(
@@ -86,6 +90,7 @@ def check_submission(
     name: str | None,
     is_admin: bool,
     on_host: bool = True,
+    environment: str | None = None,
 ) -> CheckedJob:
     """The submission checked and completed, or :class:`InvalidJob` for its first problem. ``on_host`` False:
     the paths are in the job's container (see the module docstring)."""
@@ -95,6 +100,14 @@ def check_submission(
         raise InvalidJob("command", "arguments may not contain NUL characters")
     _check_sizes(command, env)
     checked_env = _check_env(env)
+    try:
+        chosen = choose(profile.environments, environment, profile.slug)
+    except UnknownEnvironment as error:
+        raise InvalidJob(FIELD, str(error).removeprefix(f"{FIELD}: ")) from None
+    if chosen is not None:  # its bin first on PATH, so `python` is the environment's
+        checked_env[ENV_VAR] = chosen.slug
+        if chosen.bin and on_host:
+            checked_env["PATH"] = f"{chosen.bin}:{checked_env.get('PATH') or os.environ.get('PATH') or ''}"
     if on_host:
         directory = resolve_working_dir(working_dir, identity.home)
         path = checked_env.get("PATH") or os.environ.get("PATH") or ""
@@ -131,6 +144,7 @@ def check_submission(
         max_runtime=max_runtime if max_runtime is not None else limit,
         priority_class=priority_class,
         name=name or os.path.basename(command[0]),
+        request=profile.request(max_runtime if max_runtime is not None else limit, environment),
     )
 
 
@@ -240,3 +254,8 @@ def same_submission(
             "with a different command or profile"
         )
     return earlier
+
+
+def job_request(profile: Profile, job: Job) -> Request:
+    """What a requeued job's next lease asks for: as its first, in the environment it was submitted with."""
+    return profile.request(job.max_runtime, job.env.get(ENV_VAR))

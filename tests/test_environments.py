@@ -1,0 +1,114 @@
+"""Environments within a profile: a choice of software (a Python environment on one host, an image on
+Kubernetes), in the form, REST spawns and jobs; unknown choices are refused listing the valid ones.
+
+Finding 3 of the researcher's-day review: profiles offered no choice of environment (KubeSpawner's
+``profile_options``), and a job could not ask for the same environment as its notebook.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles, parse_profiles
+from gpupool.spawner.hub.form import ProfileChoice, lease_options, profile_list, render_form
+from gpupool.spawner.hub.spawner import _profile_from_formdata
+from gpupool.spawner.pool.environments import UnknownEnvironment
+from gpupool.spawner.pool.profiles import ProfileError
+from gpupool.spawner.service.jobs.processes import Identity
+from gpupool.spawner.service.jobs.submission import InvalidJob, check_submission
+from gpupool.widgets.jobs import submission
+
+PROFILES = load_profiles(EXAMPLE_PROFILES)
+A100_PAIR = next(p for p in PROFILES if p.slug == "a100-pair")
+BIN = str(Path(sys.executable).parent)
+
+
+def profile_with(environments: str) -> object:
+    return yaml.safe_load(
+        "profiles:\n  - {slug: p, display_name: P, cpu: 2, memory: 8GiB, gpus: {count: 1}, "
+        f"environments: {environments}}}\n"
+    )
+
+
+def test_the_form_offers_each_profiles_environments_and_reads_back_the_chosen_profiles_one() -> None:
+    html = render_form([ProfileChoice(p, 1, 0) for p in PROFILES], backend="simulated")
+    assert '<select name="environment-a100-pair"' in html
+    assert "Code built for CUDA 12.4 (needs CUDA 12.4)" in html
+    chosen = _profile_from_formdata(
+        {"profile": ["a100-pair"], "environment-a100-pair": ["cuda-12-4"], "environment-other": ["x"]}
+    )
+    assert chosen == {"profile": "a100-pair", "environment": "cuda-12-4"}
+    assert lease_options(chosen, A100_PAIR) == {"walltime": None, "environment": "cuda-12-4"}
+    assert lease_options({}, A100_PAIR)["environment"] == "lab"  # the default one
+    (row,) = [r for r in profile_list([ProfileChoice(A100_PAIR, 1, 0)]) if r["slug"] == "a100-pair"]
+    assert row["profile_options"] == {  # KubeSpawner's vocabulary
+        "environment": {
+            "display_name": "Environment",
+            "choices": {
+                "lab": {"display_name": "JupyterLab with NumPy (this hub's Python)", "default": True},
+                "cuda-12-4": {"display_name": "Code built for CUDA 12.4 (needs CUDA 12.4)", "default": False},
+            },
+        }
+    }
+
+
+def test_an_unknown_environment_is_refused_listing_the_profiles_ones() -> None:
+    with pytest.raises(
+        UnknownEnvironment, match=r"environment: profile a100-pair offers lab, cuda-12-4; got 'tf'"
+    ):
+        lease_options({"environment": "tf"}, A100_PAIR)
+    cpu = next(p for p in PROFILES if p.slug == "cpu")
+    with pytest.raises(UnknownEnvironment, match=r"profile cpu offers no environments, got 'lab'"):
+        lease_options({"environment": "lab"}, cpu)
+
+
+def test_an_environments_cuda_need_reaches_the_request() -> None:
+    assert A100_PAIR.request(None, "cuda-12-4").gpu.software.min_cuda == "12.4"  # type: ignore[union-attr]
+    assert not A100_PAIR.request(None, "lab").gpu.software  # type: ignore[union-attr]
+
+
+def test_mistakes_in_environments_name_the_profile_and_the_field() -> None:
+    cases = {
+        "[{slug: a, display_name: A, bin: relative/bin}]": "environments a: bin must be an absolute folder",
+        "[{slug: a, display_name: A}, {slug: a, display_name: B}]": "environments: a is listed twice",
+        "[{slug: a, display_name: A, colour: red}]": "unknown field 'colour' in environments item 1",
+        "[{slug: a, display_name: A, min_cuda: soon}]": "environments a.min_cuda must be a version such as 12.4",
+    }
+    for text, expected in cases.items():
+        with pytest.raises(ProfileError, match=r"profiles.yaml: profile p: ") as caught:
+            parse_profiles(profile_with(text), "profiles.yaml")
+        assert expected in str(caught.value), (text, str(caught.value))
+
+
+def test_a_job_in_an_environment_runs_with_its_bin_first_and_names_it(tmp_path: Path) -> None:
+    (profile,) = parse_profiles(
+        profile_with(f"[{{slug: venv, display_name: This venv, bin: {BIN}, default: true}}]"), "p"
+    )
+    identity = Identity(os.environ.get("USER", "root"), str(tmp_path))
+    common = {
+        "identity": identity,
+        "profile": profile,
+        "working_dir": None,
+        "env": {},
+        "max_runtime": None,
+        "priority_class": "batch",
+        "name": None,
+        "is_admin": False,
+    }
+    checked = check_submission(command=["python", "-c", "pass"], environment=None, **common)  # type: ignore[arg-type]
+    assert checked.env["PATH"].startswith(f"{BIN}:") and checked.env["GPUPOOL_ENVIRONMENT"] == "venv"
+    with pytest.raises(InvalidJob, match=r"environment: profile p offers venv; got 'conda'"):
+        check_submission(command=["python"], environment="conda", **common)  # type: ignore[arg-type]
+
+
+def test_submit_environment_notebook_names_the_notebook_servers_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUPOOL_ENVIRONMENT", "lab")
+    assert submission(["python", "train.py"], "a100-pair", environment="notebook")["environment"] == "lab"
+    monkeypatch.delenv("GPUPOOL_ENVIRONMENT")
+    with pytest.raises(ValueError, match="environment: this notebook's server runs in no named environment"):
+        submission(["python", "train.py"], "a100-pair", environment="notebook")
