@@ -201,7 +201,7 @@ def test_a_user_sees_no_button_and_the_routes_refuse_what_a_button_would_ask(
         mine = _as_browser(client, "GET", PREFIX, "alice-token").text
         assert "<button" not in mine and "X-XSRFToken" not in mine  # no buttons, no console script
         assert 'id="servers"' not in mine and 'id="jobs"' not in mine and running not in mine
-        assert {b["label"] for b in _buttons(admin)} == {"Drain", "Release lease", "Cancel"}
+        assert {b["label"] for b in _buttons(admin)} == {"Drain", "Release lease", "Cancel", "Requeue"}
         xsrf = {"X-XSRFToken": _xsrf(mine)}
         for button in _buttons(admin):  # alice replays the admin's buttons with her own login
             if button["url"] == f"{API}/leases/{service.alice.id}":

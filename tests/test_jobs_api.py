@@ -116,6 +116,24 @@ def test_cancel_and_max_runtime_stop_a_job_within_the_grace_period_and_free_its_
         assert "maximum runtime of 1 s" in me.get(f"/jobs/{timed['id']}").json()["reason"]
 
 
+def test_an_admin_requeues_a_running_job_without_using_a_retry_and_a_user_may_not(hub: Hub) -> None:
+    """The admin console's Requeue button: what preemption does, by hand."""
+    with hub.as_user("me") as me, hub.admin() as admin:
+        job = submit(me, ["sh", "-c", "echo up; sleep 60"], retries=0)
+        until(lambda: "up" in me.get(f"/jobs/{job['id']}/logs").text, "the job to start")
+        refused = me.post(f"/jobs/{job['id']}/requeue")
+        assert refused.status_code == 403 and "needs custom:gpupool:admin" in refused.text
+        requeued = admin.post(f"{hub.service_api}/jobs/{job['id']}/requeue")
+        assert requeued.status_code == 200, requeued.text
+        until(lambda: me.get(f"/jobs/{job['id']}").json()["attempts"] == 2, "the job to run again")
+        history = me.get(f"/jobs/{job['id']}").json()["history"]
+        assert [t["state"] for t in history][:4] == ["queued", "running", "requeued", "running"], history
+        assert history[2]["reason"].startswith("preempted by "), history  # retries=0, yet requeued
+        assert me.delete(f"/jobs/{job['id']}").json()["state"] == "cancelled"
+        again = admin.post(f"{hub.service_api}/jobs/{job['id']}/requeue")
+        assert again.status_code == 409 and "only a running job is requeued" in again.text
+
+
 def test_a_quota_refusal_says_which_limit(hub: Hub) -> None:
     with hub.as_user("me") as me:
         held = [submit(me, ["sleep", "30"]) for _ in range(2)]

@@ -169,9 +169,22 @@ def jobs_table(rows: Sequence[JobRow], api_base: str) -> str:
             done=f"Cancelled job {row.job_id} of {row.user}.",
         )
 
+    def requeue(row: JobRow) -> str:
+        if row.state != "running":
+            return ""
+        return action_button(
+            "Requeue",
+            method="POST",
+            url=f"{api_base}/jobs/{row.job_id}/requeue",
+            confirm=f"Requeue job {row.name or row.job_id} ({row.job_id}) of {row.user}? It is stopped and waits "
+            "in the queue again, resuming from its checkpoint folder; none of its retries is used.",
+            what=f"Requeue job {row.job_id}",
+            done=f"Requeued job {row.job_id} of {row.user}.",
+        )
+
     body = "".join(
         f"<tr><td>{_e(r.job_id)}</td><td>{_e(r.name)}</td><td>{_e(r.user)}</td><td>{_e(r.profile)}</td>"
-        f"<td>{_e(r.state)}</td><td>{duration(r.age_seconds)}</td><td>{cancel(r)}</td></tr>"
+        f"<td>{_e(r.state)}</td><td>{duration(r.age_seconds)}</td><td>{cancel(r)}{requeue(r)}</td></tr>"
         for r in rows
     )
     return (

@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, FastAPI, HTTPException, Request, Response, status
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ...pool.job_states import Job
+from ...pool.job_states import Job, JobState
+from ...pool.preemption import PREEMPTED
 from ...pool.profiles import find_profile
 from ..jobs.job_manager import JobManager
 from ..jobs.processes import NoSystemAccount
@@ -107,6 +108,27 @@ async def get_logs(
     if not follow:
         return Response(_read_all(jobs, job_id, offset), media_type="text/plain; charset=utf-8")
     return StreamingResponse(_follow(jobs, job_id, offset), media_type="text/plain; charset=utf-8")
+
+
+@router.post(
+    "/jobs/{job_id}/requeue",
+    summary="Admins: stop a running job and put it back in the queue with its checkpoint folder (no retry used)",
+)
+async def requeue_job(job_id: str, parts: PartsDep, caller: CallerDep) -> JobOut:
+    """What preemption does, by hand: to make room, or to move a job off a node about to be serviced."""
+    if not caller.is_admin:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"{caller.kind} {caller.name} may not requeue jobs: it needs custom:gpupool:admin",
+        )
+    jobs = parts.jobs
+    job = jobs.get(job_id)
+    if job.state is not JobState.RUNNING:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"job {job_id} is {job.state}; only a running job is requeued"
+        )
+    jobs.preempt(job_id, f"{PREEMPTED} by {caller.kind} {caller.name}; requeued with its checkpoint folder")
+    return _out(jobs, job_id)
 
 
 @router.delete(
