@@ -190,3 +190,10 @@ def test_a_monitor_whose_service_cannot_be_reached_says_so_and_shows_no_cards() 
         assert 'class="gpupool-card"' not in shown and "holds no GPU" not in shown
     finally:
         monitor.close()
+
+
+def test_a_followed_lease_still_in_the_queue_shows_its_place_and_expected_start_not_no_gpu() -> None:
+    """Finding 1 of the researcher's-day review: GpuMonitor said nothing of when a queued lease would start."""
+    said = "Waiting for a free H100-80GB: you are next; expected to start by 14:05 UTC (in about 12 min)"
+    html = monitor_html([], {}, now=0.0, simulated=True, waiting=[said])
+    assert said in html and "holds no GPU" not in html

@@ -217,13 +217,16 @@ def monitor_html(
     warnings: str = "",
     message: str = "",
     host_line: str = "",
+    waiting: Sequence[str] = (),
 ) -> str:
     """The whole monitor: the simulated label, warnings, one card per device, the pool line, a message.
-    ``devices`` None: not known yet (no answer from the service so far), so no cards and no "no GPU"."""
+    ``devices`` None: not known yet (no answer from the service so far), so no cards and no "no GPU".
+    ``waiting``: what each followed lease still in the queue says (its place and expected start)."""
     head = '<span class="gpupool-simulated">simulated</span> ' if simulated else ""
     cards = "".join(device_card(d, samples.get(str(d["uuid"]), ()), now=now) for d in devices or ())
-    if devices is not None and not devices:
+    if devices is not None and not devices and not waiting:
         cards = "<p>This server holds no GPU (its lease has no devices).</p>"
+    cards += "".join(f'<p class="gpupool-waiting">{html.escape(line)}</p>' for line in waiting)
     note = f'<div class="gpupool-message">{html.escape(message)}</div>' if message else ""
     return (
         f'<style>{_CSS}</style><div class="gpupool-monitor-body">{head}{warnings}'
@@ -286,6 +289,7 @@ class GpuMonitor(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.devices: list[dict[str, Any]] | None = None  # None until the service has answered
         self.samples: dict[str, deque[dict[str, Any]]] = {}
         self.simulated: bool | None = None
+        self.waiting: list[str] = []  # what followed leases still queued say: their place and expected start
         self.updates = 0  # completed refreshes, for tests and the curious
         self._since: float | None = None
         self.view = w.HTML()
@@ -307,6 +311,9 @@ class GpuMonitor(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             leases = [await self.connection.acall("GET", f"leases/{self.lease_id}")]
         else:
             leases = list(await self.connection.acall("GET", "leases", params={"active_only": True}))
+        self.waiting = [
+            str(lease.get("waiting_message") or "") for lease in leases if lease.get("state") == "queued"
+        ]
         return [
             dict(d) for lease in leases if lease.get("state") == "granted" for d in lease.get("devices", [])
         ]
@@ -330,7 +337,7 @@ class GpuMonitor(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         message = pool_line = warnings = host_line = ""
         try:
             # a granted lease never changes its devices; a queued one, or "all my leases", may
-            if not self.devices or not self.lease_id:
+            if not self.devices or not self.lease_id or self.waiting:
                 self.devices = await self._lease_devices()
             params = {"since": self._since} if self._since is not None else {}
             telemetry, pool, pending, resources = await asyncio.gather(
@@ -358,6 +365,7 @@ class GpuMonitor(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             warnings=warnings,
             message=message,
             host_line=host_line,
+            waiting=self.waiting,
         )
 
     def _replaced(self) -> None:
