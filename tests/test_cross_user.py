@@ -34,6 +34,7 @@ BODIES = {
     ("POST", "/admin/repair"): DEVICE,
     ("POST", "/warnings"): {"user": "alice", "cull_at": 1e12, "reason": "spite"},
     ("POST", "/culls"): {"user": "alice", "limit": "idle_timeout", "reason": "spite"},
+    ("POST", "/jobs/{job_id}/requeue"): {},
 }
 # Routes that answer a user with their own view (bob's pool, profiles, telemetry), or let them make their own
 # job: allowed to succeed for bob, as long as nothing of alice's is in the answer.

@@ -34,7 +34,8 @@ ONE_H100 = """nodes:
 """
 PREEMPT_AFTER = 180
 EVERY = 50  # steps between checkpoints
-TRAIN = ["--steps", "2600", "--checkpoint-every", str(EVERY), "--step-seconds", "0.1"]
+STEPS = 2600  # 260 s at 0.1 s a step: still running when the preemption comes, 180 s into the wait
+TRAIN = ["--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--step-seconds", "0.1"]
 
 
 def test_with_the_pool_full_the_wait_shows_an_expected_start_and_a_preempted_job_resumes(
@@ -109,4 +110,4 @@ def _resumes_and_finishes(service: httpx.Client, job_id: str, up: Up) -> None:
     before, after = log.split("resumed at step ")
     lost = max(int(n) for n in re.findall(r"step (\d+)/", before)) - int(after.split()[0])
     assert 0 <= lost <= EVERY, log  # at most one checkpoint interval redone
-    assert "done: 2600 steps" in after
+    assert f"done: {STEPS} steps" in after
