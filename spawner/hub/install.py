@@ -190,10 +190,15 @@ def _running_from(prefix: Path) -> list[tuple[int, str]]:
             uid = entry.stat().st_uid
         except OSError:
             continue
-        on_path = any(v.startswith(b"PATH=") and marker in v for v in environment)
-        if on_path or any(a.startswith(marker + b"/") for a in arguments):
+        path = next((v.removeprefix(b"PATH=").split(b":") for v in environment if v.startswith(b"PATH=")), [])
+        if any(_under(folder, marker) for folder in (*path, *arguments)):
             found.append((int(entry.name), _user_name(uid)))
     return sorted(found)
+
+
+def _under(path: bytes, prefix: bytes) -> bool:
+    """Whether ``path`` is ``prefix`` or inside it: ``/opt/gpupool-demo`` is not inside ``/opt/gpupool``."""
+    return path == prefix or path.startswith(prefix + b"/")
 
 
 def _user_name(uid: int) -> str:

@@ -3,7 +3,7 @@
 A server that runs as ``gpupool-demo`` must execute a Python with JupyterHub, JupyterLab and gpupool's widgets.
 The environment ``gpupool up`` runs from is often out of that account's reach: a venv inside a private folder
 (``/root``, a ``mktemp -d`` checkout) or on top of root's pyenv. Then one is built in a root-owned folder that
-every account can read, ``/opt/gpupool/demo-env``, from a system Python the account can run, with this hub's
+every account can read, ``/opt/gpupool-demo/env``, from a system Python the account can run, with this hub's
 versions of JupyterHub, JupyterLab and ipywidgets and with gpupool from this checkout. It is built once (pip,
 from the package index), and only gpupool is reinstalled when the checkout changes.
 """
@@ -27,7 +27,9 @@ from pathlib import Path
 
 from .demo_account import Account
 
-DEMO_ENV = Path("/opt/gpupool/demo-env")
+# Not below /opt/gpupool, which is `gpupool install`'s: uninstalling that must neither remove the demo's
+# environment nor refuse because a demo hub runs from it.
+DEMO_ENV = Path("/opt/gpupool-demo/env")
 # The hub and its single-user servers speak one JupyterHub version; the widgets' front end and kernel side one
 # ipywidgets version.
 PINNED = ("jupyterhub", "jupyterlab", "ipywidgets")
@@ -74,9 +76,7 @@ def build_environment(
     first, then checked by importing what servers and jobs import as ``account``."""
     wanted = {"source": _source_digest(source), "pins": _pins()}
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    prefix.parent.chmod(
-        0o755
-    )  # gpupool's own folder (/opt/gpupool): every account enters it, whatever the umask
+    prefix.parent.chmod(0o755)  # its folder (/opt/gpupool-demo): every account enters it, whatever the umask
     with _locked(prefix.parent / f".{prefix.name}.lock"):
         python = prefix / "bin" / "python"
         built = _read_stamp(prefix)
