@@ -173,10 +173,8 @@ async def delete_lease(lease_id: str, parts: PartsDep, caller: CallerDep) -> Lea
 
 def lease_out(parts: ServiceParts, lease: Lease) -> LeaseOut:
     """The lease as the API shows it: with its place in the queue in words, and on Kubernetes its node."""
-    queued = lease.position is not None
-    message = parts.manager.waiting_message(lease.id) if queued else None
+    message, start = (parts.manager.waiting(lease.id) if lease.position is not None else None) or (None, None)
     placement = _placement(parts.manager, lease) if parts.backend == "kubernetes" else None
-    start = parts.manager.expected_start(lease.id) if queued else None
     return LeaseOut.from_lease(lease, message, placement, start)
 
 

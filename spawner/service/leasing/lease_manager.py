@@ -301,12 +301,10 @@ class LeaseManager:
 
     def availability(self, asks: Mapping[str, Request], limit: int = 64) -> dict[str, tuple[int, int]]:
         """Per key of ``asks`` (a profile's slug): how many of its request could start now (at most ``limit``)
-        and how many leases of that profile are queued.
-
-        "Could start now" places trial owners on the live pool and gives them straight back, under the lock,
-        so it asks the real placement policy and never disagrees with it; nothing is stored. While anyone
-        competing waits in the queue, a new request would queue behind them, so the count is 0.
-        """
+        and how many leases of that profile are queued. "Could start now" places trial owners on the live pool
+        and gives them straight back, under the lock, so it asks the real placement policy and never disagrees
+        with it; nothing is stored. While anyone competing waits in the queue, a new request would queue
+        behind them, so the count is 0."""
         with self._lock:
             queued: dict[str, int] = {}
             for lease in self.store.active():
@@ -328,15 +326,19 @@ class LeaseManager:
             return None
 
     def waiting_message(self, lease_id: str) -> str | None:
-        """What a waiting user reads (``Waiting for a free H100-80GB: 2 ahead of you; expected to start by
-        14:05 UTC (in about 12 min)``); None when not queued."""
+        """What a waiting user reads; None when not queued (see :meth:`waiting`)."""
+        return (self.waiting(lease_id) or (None, None))[0]
+
+    def waiting(self, lease_id: str) -> tuple[str, float | None] | None:
+        """A queued lease's message (``Waiting for a free H100-80GB: 2 ahead of you; expected to start by 14:05
+        UTC (in about 12 min)``) and its expected start, worked out once for both; None when not queued."""
         with self._lock:
             if lease_id not in self._queue:
                 self.get(lease_id)
                 return None
             said = self._queue.waiting_message(lease_id, self._queue.get(lease_id).description)
             start = self.expected_start(lease_id)
-            return f"{said}; {estimate.in_words(start, self._clock(), estimate.time_of_day)}"
+            return f"{said}; {estimate.in_words(start, self._clock(), estimate.time_of_day)}", start
 
     def expected_start(self, lease_id: str) -> float | None:
         """When a queued lease can expect to start (:mod:`...pool.expected_start`); None if not queued or unknown."""
@@ -349,17 +351,15 @@ class LeaseManager:
     def expected_start_of_new(self, request: Request) -> float | None:
         """When ``request``, asked now, could expect to start behind every competing entry already queued."""
         with self._lock:
-            return self._estimate(
-                request, [e.request for e in self._queue.entries() if competes(e.request.gpu, request.gpu)]
-            )
+            ahead = [e.request for e in self._queue.entries() if competes(e.request.gpu, request.gpu)]
+            return self._estimate(request, ahead)
 
     def _estimate(self, request: Request, ahead: list[Request]) -> float | None:
         """The queue played forward: what of ``request``'s kind is free now, then the holders' time limits."""
         unit = estimate.unit_of(request)
         free = 0.0 if unit is None else count_fits(self._pool, unit, 64) * estimate.amount(unit.gpu)
-        held = [
-            estimate.Holder(g.request, g.granted_at) for g in self.store.active() if g.granted_at is not None
-        ]
+        active = self.store.active()
+        held = [estimate.Holder(g.request, g.granted_at) for g in active if g.granted_at is not None]
         return estimate.expected_start(request, ahead, held, self._clock(), competes, free)
 
     def _with_position(self, lease: Lease) -> Lease:
