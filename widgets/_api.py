@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from spawner.client import EXAMPLE_URL, Connection, GpupoolError
+    from spawner.pool.environments import ENV_VAR
     from spawner.pool.expected_start import time_of_day
 else:
     from gpupool.spawner.client import EXAMPLE_URL, Connection, GpupoolError
+    from gpupool.spawner.pool.environments import ENV_VAR
     from gpupool.spawner.pool.expected_start import time_of_day
 
-__all__ = ["EXAMPLE_URL", "Connection", "GpupoolError", "time_of_day"]
+__all__ = ["ENV_VAR", "EXAMPLE_URL", "Connection", "GpupoolError", "time_of_day"]

@@ -19,10 +19,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from ._api import Connection
+from ._api import ENV_VAR, Connection
 
 NOTEBOOK = "notebook"  # submit(environment=NOTEBOOK): the environment this notebook's server runs in
-ENV_VAR = "GPUPOOL_ENVIRONMENT"  # set by the spawner (gpupool.spawner.pool.environments.ENV_VAR)
 
 FINISHED = frozenset({"succeeded", "failed", "cancelled", "timed-out"})
 

@@ -118,7 +118,7 @@ def judge(
         consider(
             lifetime,
             age,
-            f"it reached the maximum lifetime of profile {profile} ({_span(lifetime)})",
+            f"it reached the maximum lifetime of profile {profile} ({format_duration(lifetime)})",
             "max_lifetime",
         )
     gpu_limit = limits.get("gpu_idle_timeout")
@@ -127,7 +127,7 @@ def judge(
         consider(
             gpu_limit,
             gpu_idle,
-            f"its GPUs have been idle (at most {threshold:g}% utilisation) for {_span(gpu_limit)}, the limit "
+            f"its GPUs have been idle (at most {threshold:g}% utilisation) for {format_duration(gpu_limit)}, the limit "
             f"of profile {profile}",
             "gpu_idle_timeout",
         )
@@ -138,7 +138,7 @@ def judge(
         consider(
             idle_limit,
             idle,
-            f"it has been inactive for {_span(idle_limit)}, the limit of profile {profile}",
+            f"it has been inactive for {format_duration(idle_limit)}, the limit of profile {profile}",
             "idle_timeout",
         )
     return min(found, key=lambda v: v.due_at) if found else None
@@ -253,8 +253,3 @@ async def gpupool_cull_arbiter(
 
 def _epoch(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-
-
-def _span(seconds: float) -> str:
-    """``90`` -> ``1m30s``, ``7200`` -> ``2h``: durations in the words of the profiles file."""
-    return format_duration(seconds)

@@ -81,6 +81,10 @@ class _Resource:
     amount: Callable[[Request], int]
     scale: int = 1  # shown divided by this: milli are shown as GPUs
 
+    def words(self, value: int) -> str:
+        """``value`` of this resource as a user reads it: ``1 MIG slice``, ``4 GPUs of whole GPUs and shares``."""
+        return f"{value / self.scale:g} {self.one if value == self.scale else self.many}"
+
 
 def _whole(request: Request) -> int:
     return request.gpu.count if isinstance(request.gpu, WholeGpus) else 0
@@ -191,8 +195,7 @@ def describe_quota(quota: Quota) -> str:
     for resource in RESOURCES:
         value = getattr(quota, resource.name)
         if value is not None:
-            noun = resource.one if value == resource.scale else resource.many
-            parts.append(f"{value / resource.scale:g} {noun}")
+            parts.append(resource.words(value))
     return ", ".join(parts) or "anything (no limits)"
 
 
@@ -202,10 +205,7 @@ def _message(limit: Limit, held: int, asked: int) -> str:
     def amount(value: int) -> str:
         return f"{value / resource.scale:g}"
 
-    if limit.value == 0:
-        allowed = f"no {resource.many}"
-    else:
-        allowed = f"{amount(limit.value)} {resource.one if limit.value == resource.scale else resource.many}"
+    allowed = f"no {resource.many}" if limit.value == 0 else resource.words(limit.value)
     if limit.scope == "user":
         who = f"{limit.subject}'s quota allows {allowed} at once"
     else:
@@ -222,13 +222,8 @@ def standing(limits: Iterable[Limit], totals: Mapping[str, int]) -> list[tuple[L
     rows = []
     for limit in limits:
         resource = _BY_NAME[limit.resource]
-
-        def amount(value: int, resource: _Resource = resource) -> str:
-            noun = resource.one if value == resource.scale else resource.many
-            return f"{value / resource.scale:g} {noun}"
-
         rows.append(
-            (limit, f"{amount(limit.value)}, {totals.get(limit.resource, 0) / resource.scale:g} held")
+            (limit, f"{resource.words(limit.value)}, {totals.get(limit.resource, 0) / resource.scale:g} held")
         )
     return rows
 
