@@ -86,11 +86,14 @@ def run_first_cell(page: Page, notebook_url: str, widget: str) -> Locator:
     return shown
 
 
-def log_in(page: Page, hub_url: str, user: str) -> None:
-    """Log in through the hub's login form (the tests' hubs take any password), as a user would; the hub
-    then shows the spawn form or the home page."""
+def log_in(
+    page: Page, hub_url: str, user: str, password: str = "any", lands: str = r"/hub/(spawn|home)"
+) -> None:
+    """Log in through the hub's login form, as a user would (the tests' own hubs take any password; the demo
+    login of ``gpupool up`` the one it printed), and wait until the hub shows a page matching ``lands``:
+    by default the spawn form or the home page."""
     page.goto(f"{hub_url}/hub/login")
     page.fill("#username_input", user)
-    page.fill("#password_input", "any")
+    page.fill("#password_input", password)
     page.click("#login_submit")
-    page.wait_for_url(re.compile(r"/hub/(spawn|home)"), timeout=30_000)
+    page.wait_for_url(re.compile(lands), timeout=30_000)

@@ -57,10 +57,6 @@ _BROWSER_MODULES = (
 )
 
 
-# Modules of minutes each (a 3-minute queue wait, an install, a first JupyterLab): started first, so neither
-# worker is left running one alone at the end
-_LONGEST = ("test_queue_browser", "test_one_server", "test_training_example", "test_crash_recovery")
-
 _starts_processes: dict[str, bool] = {}
 
 
@@ -98,8 +94,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def weight(item: pytest.Item) -> int:
         if item.get_closest_marker("kube"):
             return 0
-        if Path(str(item.fspath)).stem in _LONGEST:
-            return 1
-        return 2 if item.get_closest_marker("e2e") or item.get_closest_marker("browser") else 3
+        return 1 if item.get_closest_marker("e2e") or item.get_closest_marker("browser") else 2
 
     items.sort(key=weight)

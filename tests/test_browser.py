@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from browser_harness import artifacts, chromium
+from browser_harness import artifacts, chromium, log_in
 from playwright.sync_api import Page, expect
 from up_harness import Up, api_token, extra_config, free_port_family, login, require_proxy, start_up
 
@@ -64,14 +64,6 @@ class Pool:
         return leases
 
 
-def log_in(page: Page, up: Up) -> None:
-    page.goto(f"{up.url}/hub/login")
-    page.fill("#username_input", "demo")
-    page.fill("#password_input", up.password)
-    page.click("#login_submit")
-    page.wait_for_url(re.compile(r"/hub/(?!login)"))
-
-
 def lands_on_the_spawn_form(page: Page) -> None:
     """Without a server, logging in leads straight to the form (the hub's /hub/ sends users to their server)."""
     page.wait_for_url(re.compile(r"/hub/spawn"), timeout=30_000)
@@ -105,7 +97,7 @@ def test_a_user_logs_in_sees_live_availability_and_starts_a_mig_slice_in_jupyter
         assert free_before > 0, "the demo pool should have a free 3g.40gb slice"
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         try:
-            log_in(page, hub)
+            log_in(page, hub.url, "demo", hub.password, lands=r"/hub/(?!login)")
             lands_on_the_spawn_form(page)
 
             # the form says the pool is simulated, and how many slices could start now, as the service counts

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_job_runner import check
 
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles, parse_profiles
 from gpupool.spawner.hub.form import ProfileChoice, lease_options, profile_list, render_form
@@ -20,7 +21,7 @@ from gpupool.spawner.hub.spawner import _profile_from_formdata
 from gpupool.spawner.pool.environments import UnknownEnvironment
 from gpupool.spawner.pool.profiles import ProfileError
 from gpupool.spawner.service.jobs.processes import Identity
-from gpupool.spawner.service.jobs.submission import InvalidJob, check_submission
+from gpupool.spawner.service.jobs.submission import CheckedJob, InvalidJob
 from gpupool.widgets.jobs import submission
 
 PROFILES = load_profiles(EXAMPLE_PROFILES)
@@ -90,20 +91,11 @@ def test_a_job_in_an_environment_runs_with_its_bin_first_and_names_it(tmp_path: 
         profile_with(f"[{{slug: venv, display_name: This venv, bin: {BIN}, default: true}}]"), "p"
     )
     identity = Identity(os.environ.get("USER", "root"), str(tmp_path))
-    common = {
-        "identity": identity,
-        "profile": profile,
-        "working_dir": None,
-        "env": {},
-        "max_runtime": None,
-        "priority_class": "batch",
-        "name": None,
-        "is_admin": False,
-    }
-    checked = check_submission(command=["python", "-c", "pass"], environment=None, **common)  # type: ignore[arg-type]
+    checked = check(identity, profile=profile, command=["python", "-c", "pass"])
+    assert isinstance(checked, CheckedJob)
     assert checked.env["PATH"].startswith(f"{BIN}:") and checked.env["GPUPOOL_ENVIRONMENT"] == "venv"
     with pytest.raises(InvalidJob, match=r"environment: profile p offers venv; got 'conda'"):
-        check_submission(command=["python"], environment="conda", **common)  # type: ignore[arg-type]
+        check(identity, profile=profile, command=["python"], environment="conda")
 
 
 def test_submit_environment_notebook_names_the_notebook_servers_own(monkeypatch: pytest.MonkeyPatch) -> None:

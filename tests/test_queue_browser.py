@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from browser_harness import artifacts, chromium, screenshot_on_failure
+from browser_harness import artifacts, chromium, log_in, screenshot_on_failure
 from job_user import train_script
 from playwright.sync_api import Page, expect
 from up_harness import Up, api_token, extra_config, free_port_family, login, require_proxy, start_up
@@ -90,11 +90,7 @@ def _running_training_job(service: httpx.Client, up: Up) -> dict[str, Any]:
 
 
 def _ask_for_an_h100(page: Page, up: Up) -> None:
-    page.goto(f"{up.url}/hub/login")
-    page.fill("#username_input", "demo")
-    page.fill("#password_input", up.password)
-    page.click("#login_submit")
-    page.wait_for_url(re.compile(r"/hub/spawn"), timeout=30_000)
+    log_in(page, up.url, "demo", up.password, lands=r"/hub/spawn")
     page.check("#gpupool-profile-h100")
     page.click('form button[type="submit"]')
     page.wait_for_url(re.compile(r"/hub/spawn-pending/demo"), timeout=30_000)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import nbformat
-from browser_harness import LAB_TIMEOUT_MS, artifacts, chromium, run_first_cell, screenshot_on_failure
+from browser_harness import LAB_TIMEOUT_MS, artifacts, chromium, log_in, run_first_cell, screenshot_on_failure
 from playwright.sync_api import Page, expect
 from up_harness import Up, api_token, extra_config, free_port_family, login, require_proxy, start_up
 
@@ -62,7 +62,7 @@ def test_the_readmes_training_cell_runs_from_a_notebook_and_its_files_show_in_ju
         with chromium() as browser:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             with screenshot_on_failure(page, "training-example-failed.png"):
-                _browser_login(page, up)
+                log_in(page, up.url, "demo", up.password, lands=r"/hub/(spawn|home)|/user/demo/")
                 cell_output = _run_readme_cell(page, up)
                 ended = re.search(r"^(\S+) (succeeded|failed|cancelled|timed-out)$", cell_output, re.M)
                 assert ended and ended.group(2) == "succeeded", cell_output
@@ -88,14 +88,6 @@ def _upload(contents: httpx.Client, name: str, text: str, kind: str = "file") ->
         body = {"type": "notebook", "format": "json", "content": nbformat.reads(text, as_version=4)}
     answer = contents.put(f"/{name}", json=body)
     assert answer.status_code in (200, 201), answer.text
-
-
-def _browser_login(page: Page, up: Up) -> None:
-    page.goto(f"{up.url}/hub/login")
-    page.fill("#username_input", "demo")
-    page.fill("#password_input", up.password)
-    page.click("#login_submit")
-    page.wait_for_url(re.compile(r"/hub/(spawn|home)|/user/demo/"), timeout=30_000)
 
 
 def _run_readme_cell(page: Page, up: Up) -> str:
