@@ -124,7 +124,7 @@ def test_users_get_pods_bound_by_the_scheduler_to_their_leased_nodes_with_their_
         for spawner, url in zip((alice, bob, carol), started, strict=True):
             assert url.startswith("http://127.1.")  # the pod's own address
             async with httpx.AsyncClient() as client:  # what the hub's proxy will do: reach the server
-                assert (await client.get(url, timeout=10)).status_code == 200
+                assert await _answers(client, url), f"{url} did not answer 200 within 30 s"
             seen[spawner.user.name] = hub.pod(spawner) or {}
             lease = await _lease(hub.url, spawner.lease_id)
             assert lease["state"] == "granted"
@@ -226,3 +226,19 @@ def _wait_for(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
             pass
         time.sleep(0.1)
     pytest.fail(f"the service did not answer: {log.read_text()[-3000:]}")
+
+
+async def _answers(client: httpx.AsyncClient, url: str, timeout: float = 30.0) -> bool:
+    """Whether the server at ``url`` answers 200 within ``timeout`` seconds, asked again until then as
+    JupyterHub's own wait for a new server asks (its default http_timeout is 30 s): a pod is Running a moment
+    before the server in it listens (a fresh-clone run under jupyterhub 5.3.0 was refused there once)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if (await client.get(url, timeout=10)).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.5)
