@@ -185,6 +185,12 @@ def _add_bench(commands: Any) -> None:
     placement.add_argument(
         "--inflate", type=_positive, default=1.3, help="demand as a multiple of GPU capacity (default 1.3)"
     )
+    placement.add_argument(
+        "--scale",
+        type=_whole_number,
+        default=1,
+        help="replicate the cluster and its workload N times, to measure cost as the pool grows (default 1)",
+    )
     placement.add_argument("--json", action="store_true")
     placement.set_defaults(handler=_bench_placement)
 
@@ -324,7 +330,9 @@ def _bench_placement(args: argparse.Namespace) -> int:
     from .bench.placement import run_placement
     from .bench.trace import load_nodes, load_pods
 
-    run = run_placement(load_nodes(args.nodes), load_pods(args.pods), args.policy, args.seed, args.inflate)
+    run = run_placement(
+        load_nodes(args.nodes), load_pods(args.pods), args.policy, args.seed, args.inflate, args.scale
+    )
     if args.json:
         print(json.dumps(run.as_dict()))
         return 0
@@ -339,6 +347,10 @@ def _bench_placement(args: argparse.Namespace) -> int:
     print(
         f"  fragmented at {round(args.inflate * 100)}% arrived: {run.frag_pct_130}% of GPUs; "
         f"decision p50 {run.p50_us} µs, p99 {run.p99_us} µs"
+    )
+    print(
+        f"  {run.nodes} nodes (scale {run.scale}), {run.seconds} s in all, "
+        f"peak memory {run.peak_rss_mib} MiB (the whole process)"
     )
     return 0
 
@@ -370,6 +382,12 @@ def _kube_manifests(args: argparse.Namespace) -> int:
     documents = service_manifests(settings, Path(args.profiles).read_text(), quotas)
     sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False, explicit_start=True))
     return 0
+
+
+def _whole_number(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1 such as 3, got {text}")
+    return int(text)
 
 
 def _positive(text: str) -> float:

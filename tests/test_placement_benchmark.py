@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 import subprocess
 import sys
@@ -10,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.spawner.bench.placement import inflate_workload, run_placement
+from gpupool.spawner.bench.placement import inflate_workload, run_placement, scale_cluster
 from gpupool.spawner.bench.trace import TraceError, load_nodes, load_pods
 from gpupool.spawner.cli import main
-from gpupool.spawner.pool.policies import POLICIES
+from gpupool.spawner.pool.fragmentation import typical_shapes
+from gpupool.spawner.pool.policies import POLICIES, FragmentAware, policy_by_name
+from gpupool.spawner.pool.state import Allocation, PoolState
 
 SAMPLE = Path(__file__).parent / "data" / "trace"
 NODES = SAMPLE / "nodes_sample.csv"
@@ -134,3 +137,43 @@ def test_empty_or_gpu_less_trace_files_are_refused(tmp_path: Path) -> None:
     negative.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,4000,1024,-1,1000\n")
     with pytest.raises(TraceError, match=r"line 2: gpus.count must be at least 1, got -1"):
         load_pods(negative)
+
+
+def test_scale_replicates_the_cluster_and_its_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    nodes, pods = load_nodes(NODES), load_pods(PODS)
+    bigger_nodes, bigger_pods = scale_cluster(nodes, pods, 3)
+    assert len(bigger_nodes) == 3 * len(nodes) and len({n.name for n in bigger_nodes}) == 3 * len(nodes)
+    assert len(bigger_pods) == 3 * len(pods)
+    assert main([*ON_SAMPLE, "--policy", "gpupool", "--scale", "3", "--json"]) == 0
+    scaled = json.loads(capsys.readouterr().out)
+    assert scaled["nodes"] == 3 * len(nodes) and scaled["scale"] == 3
+    assert scaled["pods"] > 2.5 * run_placement(nodes, pods, "gpupool", 42).pods
+    assert scaled["peak_rss_mib"] > 0 and scaled["seconds"] > 0
+    with pytest.raises(SystemExit):
+        main([*ON_SAMPLE, "--scale", "0"])
+    assert "--scale: must be a whole number of at least 1" in capsys.readouterr().err
+
+
+class _EveryNode:
+    """Mixin: offer the policy every candidate node, as the pool did before it grouped nodes by state."""
+
+    sees_every_node = True
+
+
+@pytest.mark.parametrize("policy", ["first-fit", "spread", "best-fit", "fgd", "gpupool"])
+def test_grouping_nodes_by_state_decides_exactly_as_looking_at_every_node(policy: str) -> None:
+    # Three copies of the sample: many nodes share a state, which is where the pool offers one of them.
+    nodes, pods = scale_cluster(load_nodes(NODES), load_pods(PODS), 3)
+    ordered = sorted(nodes, key=lambda n: n.name)
+    ranks = random.Random(5).sample(range(len(ordered)), len(ordered))
+    every_node_class = type(f"Every{policy}", (_EveryNode, POLICIES[policy]), {})
+    shapes = typical_shapes(p.request for p in pods)
+    decisions = []
+    for chosen in (policy_by_name(policy), every_node_class()):
+        if isinstance(chosen, FragmentAware):
+            chosen.set_workload(shapes)
+        state = PoolState(ordered, chosen, ranks=ranks, explain_refusals=False)
+        outcomes = [state.place(p.request, f"pod-{i}") for i, p in enumerate(pods * 2)]
+        decisions.append([(o.node, o.grants) if isinstance(o, Allocation) else None for o in outcomes])
+    assert decisions[0] == decisions[1]
+    assert sum(d is None for d in decisions[0]) > 0, "the sample, twice over, must overflow the pool"

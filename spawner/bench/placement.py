@@ -8,9 +8,10 @@ arrived, how much is allocated and how much is fragmented.
 from __future__ import annotations
 
 import random
+import resource
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..pool.devices import FULL_MILLI, Node
 from ..pool.fragmentation import FragmentMeter, gpu_views, typical_shapes
@@ -36,6 +37,10 @@ class PlacementRun:
     p50_us: float
     p99_us: float
     curve: dict[int, float | None] = field(repr=False)
+    scale: int = 1
+    nodes: int = 0
+    seconds: float = 0.0
+    peak_rss_mib: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -48,7 +53,23 @@ class PlacementRun:
             "frag_pct_130": self.frag_pct_130,
             "p50_us": self.p50_us,
             "p99_us": self.p99_us,
+            "scale": self.scale,
+            "nodes": self.nodes,
+            "seconds": self.seconds,
+            "peak_rss_mib": self.peak_rss_mib,
         }
+
+
+def scale_cluster(nodes: list[Node], pods: list[TracePod], times: int) -> tuple[list[Node], list[TracePod]]:
+    """The cluster and its workload ``times`` over: copies named ``NAME~k``, so per-node ratios stay the same."""
+    if times < 1:
+        raise ValueError(f"scale must be a whole number of at least 1, got {times}")
+    if times == 1:
+        return nodes, pods
+    return (
+        [n if k == 0 else replace(n, name=f"{n.name}~{k}") for k in range(times) for n in nodes],
+        [p if k == 0 else TracePod(f"{p.name}~{k}", p.request) for k in range(times) for p in pods],
+    )
 
 
 def inflate_workload(
@@ -76,9 +97,11 @@ def inflate_workload(
 
 
 def run_placement(
-    nodes: list[Node], pods: list[TracePod], policy: str, seed: int, inflate: float = 1.3
+    nodes: list[Node], pods: list[TracePod], policy: str, seed: int, inflate: float = 1.3, scale: int = 1
 ) -> PlacementRun:
-    """Run the protocol once and summarise it."""
+    """Run the protocol once and summarise it; ``scale`` replicates the cluster and its workload first."""
+    began = time.perf_counter()
+    nodes, pods = scale_cluster(nodes, pods, scale)
     rng = random.Random(seed)
     capacity = sum(len(n.gpus) for n in nodes) * FULL_MILLI
     arrival = inflate_workload(pods, capacity, inflate, rng)
@@ -130,6 +153,10 @@ def run_placement(
         p50_us=round(latencies[len(latencies) // 2] / 1000, 1),
         p99_us=round(latencies[int(len(latencies) * 0.99)] / 1000, 1),
         curve=curve,
+        scale=scale,
+        nodes=len(nodes),
+        seconds=round(time.perf_counter() - began, 2),
+        peak_rss_mib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     )
 
 

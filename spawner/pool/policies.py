@@ -43,6 +43,8 @@ class PlacementPolicy(ABC):
     """Chooses where a request goes among the nodes that could serve it."""
 
     name: ClassVar[str]
+    sees_every_node: ClassVar[bool] = False
+    """False: nodes in equal states are offered once, by their lowest-ranked node (see PoolState)."""
 
     def prepare(self, state: PoolState) -> None:  # noqa: B027 - optional hook
         """Called when a pool is built or renumbers its nodes' states, before any :meth:`select`."""
@@ -172,6 +174,7 @@ class RandomFit(PlacementPolicy):
     """A uniformly random node among those that fit, then a uniformly random fitting device."""
 
     name = "random"
+    sees_every_node = True  # uniform over nodes, not over states
 
     def __init__(self, seed: int | None = None) -> None:
         self._random = random.Random(seed)

@@ -119,6 +119,8 @@ class PoolState:
         self._whole_free = np.zeros(len(self.nodes), dtype=np.int64)
         self._healthy = np.zeros(len(self.nodes), dtype=bool)
         self._index = {ns.node.name: i for i, ns in enumerate(self.nodes)}
+        self._by_rank = np.argsort(np.array(ranks, dtype=np.int64), kind="stable")
+        self._state = np.zeros(len(self.nodes), dtype=np.int64)  # each node's state id
         for i in range(len(self.nodes)):
             self._refresh(i)
         self.policy.prepare(self)
@@ -138,8 +140,19 @@ class PoolState:
     # ---- placing and releasing ------------------------------------------------------------------------
 
     def candidates(self, request: Request) -> list[tuple[NodeState, list[Option]]]:
-        """Every node that could serve ``request`` now, with the ways it could."""
-        rows = np.flatnonzero(self._prefilter(request)).tolist()  # healthy, with the CPU and memory
+        """The nodes that could serve ``request`` now, with the ways each could.
+
+        Nodes in the same state (same type, same things free) serve a request alike. Unless the policy must
+        see every node, only the lowest-ranked node of each state is offered, so a decision costs as many
+        scores as there are distinct states, not nodes: most of a large pool is a few states.
+        """
+        mask = self._prefilter(request)  # healthy, with the CPU, memory and devices
+        if self.policy.sees_every_node:
+            rows = np.flatnonzero(mask).tolist()
+        else:
+            in_rank_order = self._by_rank[mask[self._by_rank]]
+            _, first = np.unique(self._state[in_rank_order], return_index=True)
+            rows = in_rank_order[first].tolist()
         if request.gpu is None:
             return [(self.nodes[i], [()]) for i in rows]
         # Device options depend only on the GPU need and the node's devices, so nodes alike share them.
@@ -263,9 +276,9 @@ class PoolState:
             self._state_ids.clear()
             self._options.clear()
             self.policy.prepare(self)
-            for other in self.nodes:
-                self._assign_ids(other)
-        self._assign_ids(ns)
+            for j in range(len(self.nodes)):
+                self._assign_ids(j)
+        self._assign_ids(i)
         self._cpu_free[i] = ns.cpu_free
         self._mem_free[i] = ns.mem_free
         self._healthy[i] = ns.healthy
@@ -273,9 +286,11 @@ class PoolState:
         self._share_free[i] = max(shared, default=0)
         self._whole_free[i] = len(ns.whole_gpu_candidates(ANY_WHOLE_GPU))
 
-    def _assign_ids(self, ns: NodeState) -> None:
+    def _assign_ids(self, i: int) -> None:
+        ns = self.nodes[i]
         ns.state_id = self._state_ids.setdefault(ns.state_key(), len(self._state_ids))
         ns.gpu_state_id = self._state_ids.setdefault(ns.gpu_state_key(), len(self._state_ids))
+        self._state[i] = ns.state_id
 
     # ---- invariants -----------------------------------------------------------------------------------
 
