@@ -18,6 +18,7 @@ import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, ClassVar
 
 from .devices import FULL_MILLI
@@ -103,12 +104,9 @@ class ScoringPolicy(PlacementPolicy):
         """How good ``node`` is for ``request`` (comparable across nodes) and which option to use there."""
 
 
-def _state_id(node: NodeState) -> object:
-    return node.state_id
-
-
-def _cpu_and_devices(node: NodeState) -> object:
-    return (node.cpu_free, node.gpu_state_id)
+# Key functions for the memo, read once per candidate node and decision: attrgetter runs in C.
+_state_id: Callable[[NodeState], object] = attrgetter("state_id")
+_cpu_and_devices: Callable[[NodeState], object] = attrgetter("cpu_free", "gpu_state_id")
 
 
 class IgnoresMemory:

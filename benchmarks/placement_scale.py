@@ -1,0 +1,83 @@
+"""The placement protocol on the trace's cluster replicated 1×, 3× and 10×: what a decision costs as the pool grows.
+
+    python benchmarks/placement_scale.py --trace PATH/TO/cluster-trace-gpu-v2023 --out benchmarks/results
+
+Each scale is one ``gpupool bench placement --scale N --json`` in its own process, so its peak memory (the
+process's maximum resident set) and its wall time, start-up and trace reading included, are its alone.
+``placement_scale.md`` gets the table; ``--readme`` also writes it into the README between markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+README_START = "<!-- placement-scale: written by benchmarks/placement_scale.py -->"
+README_END = "<!-- /placement-scale -->"
+
+
+def run_scale(trace: Path, workload: str, policy: str, seed: int, scale: int) -> dict[str, object]:
+    """One run in a fresh process; its own figures plus the wall time of the whole command."""
+    gpupool = Path(sys.executable).parent / "gpupool"
+    command = [
+        str(gpupool),
+        *("bench", "placement", "--nodes", str(trace / "openb_node_list_gpu_node.csv")),
+        *("--pods", str(trace / f"openb_pod_list_{workload}.csv"), "--policy", policy),
+        *("--seed", str(seed), "--scale", str(scale), "--json"),
+    ]
+    began = time.perf_counter()
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return {**json.loads(out), "workload": workload, "command_seconds": round(time.perf_counter() - began, 2)}
+
+
+def summarise(runs: list[dict[str, object]]) -> str:
+    lines = [
+        "| scale | nodes | GPUs | tasks | allocated @130 | decision p50 µs | p99 µs | peak memory MiB | run s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        gpus = 6212 * int(run["scale"])  # type: ignore[call-overload]
+        lines.append(
+            f"| {run['scale']}× | {run['nodes']:,} | {gpus:,} | {run['pods']:,} | "
+            f"{run['alloc_pct']['130']} | {run['p50_us']:.0f} | {run['p99_us']:.0f} | "  # type: ignore[index]
+            f"{run['peak_rss_mib']:.0f} | {run['command_seconds']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--trace", required=True, type=Path, help="folder of the Alibaba GPU trace v2023")
+    parser.add_argument("--out", default="benchmarks/results", type=Path)
+    parser.add_argument("--scales", default="1,3,10", help="comma-separated replication factors")
+    parser.add_argument("--workload", default="default", help="the pod list, e.g. default or gpushare40")
+    parser.add_argument("--policy", default="gpupool")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--readme", default="", help="also write the table into this README, between markers")
+    args = parser.parse_args()
+
+    runs = []
+    for scale in (int(s) for s in args.scales.split(",")):
+        runs.append(run_scale(args.trace, args.workload, args.policy, args.seed, scale))
+        print(f"scale {scale}: p99 {runs[-1]['p99_us']} µs, {runs[-1]['command_seconds']} s", flush=True)
+    table = summarise(runs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "placement_scale.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    (args.out / "placement_scale.md").write_text(table)
+    print(table)
+    if args.readme:
+        readme = Path(args.readme)
+        before, rest = readme.read_text().split(README_START, 1)
+        after = rest.split(README_END, 1)[1]
+        readme.write_text(f"{before}{README_START}\n{table}{README_END}{after}")
+        print(f"updated {readme}")
+
+
+if __name__ == "__main__":
+    main()
