@@ -14,6 +14,7 @@ import pytest
 from gpupool.spawner.bench.placement import inflate_workload, run_placement, scale_cluster
 from gpupool.spawner.bench.trace import TraceError, load_nodes, load_pods
 from gpupool.spawner.cli import main
+from gpupool.spawner.pool import policies
 from gpupool.spawner.pool.fragmentation import typical_shapes
 from gpupool.spawner.pool.policies import POLICIES, FragmentAware, policy_by_name
 from gpupool.spawner.pool.state import Allocation, PoolState
@@ -161,7 +162,10 @@ class _EveryNode:
 
 
 @pytest.mark.parametrize("policy", ["first-fit", "spread", "best-fit", "fgd", "gpupool"])
-def test_grouping_nodes_by_state_decides_exactly_as_looking_at_every_node(policy: str) -> None:
+def test_grouping_nodes_by_state_decides_exactly_as_looking_at_every_node(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shortcuts (one node per state, one share option per kind of GPU) never change a decision."""
     # Three copies of the sample: many nodes share a state, which is where the pool offers one of them.
     nodes, pods = scale_cluster(load_nodes(NODES), load_pods(PODS), 3)
     ordered = sorted(nodes, key=lambda n: n.name)
@@ -170,6 +174,8 @@ def test_grouping_nodes_by_state_decides_exactly_as_looking_at_every_node(policy
     shapes = typical_shapes(p.request for p in pods)
     decisions = []
     for chosen in (policy_by_name(policy), every_node_class()):
+        if decisions:  # the reference run: every node, every option scored
+            monkeypatch.setattr(policies, "_distinct_shares", lambda node, request, options: options)
         if isinstance(chosen, FragmentAware):
             chosen.set_workload(shapes)
         state = PoolState(ordered, chosen, ranks=ranks, explain_refusals=False)

@@ -223,9 +223,15 @@ class FragmentAware(ScoringPolicy):
         """Expected fragment of ``node`` were this much CPU, memory and GPU (milli per position) free."""
         return self.meter.fragment(cpu_free, gpu_views(node, free))
 
-    def fragment_change(self, node: NodeState, request: Request, option: Option) -> float:
-        """How much the node's expected fragment drops (positive) or grows (negative) if ``option`` is taken."""
-        before = self.node_fragment(node, node.cpu_free, node.mem_free, node.free)
+    def fragment_change(
+        self, node: NodeState, request: Request, option: Option, before: float | None = None
+    ) -> float:
+        """How much the node's expected fragment drops (positive) or grows (negative) if ``option`` is taken.
+
+        ``before`` is the node's fragment now, when the caller has it already.
+        """
+        if before is None:
+            before = self.node_fragment(node, node.cpu_free, node.mem_free, node.free)
         after_free = list(node.free)
         need = request.gpu
         if isinstance(need, GpuShare):
@@ -242,14 +248,32 @@ class FragmentAware(ScoringPolicy):
         if isinstance(request.gpu, MigSlice):
             option = tightest_option(node, request, options)
             return self.rate(node, request, option, self.fragment_change(node, request, option)), option
+        before = self.node_fragment(node, node.cpu_free, node.mem_free, node.free)
         return max(
-            ((self.rate(node, request, o, self.fragment_change(node, request, o)), o) for o in options),
+            (
+                (self.rate(node, request, o, self.fragment_change(node, request, o, before)), o)
+                for o in _distinct_shares(node, request, options)
+            ),
             key=lambda scored: scored[0],  # max keeps the first (lowest position) of equals
         )
 
     @abstractmethod
     def rate(self, node: NodeState, request: Request, option: Option, change: float) -> Score:
         """Turn the fragment change of one option into a comparable score."""
+
+
+def _distinct_shares(node: NodeState, request: Request, options: list[Option]) -> list[Option]:
+    """The options for a share, one per (product, free milli) of its GPU: the rest would score the same.
+
+    Fragmentation sees a GPU as its product and free milli, so two such GPUs leave the node alike; the first
+    (lowest position) of each is kept, the one a scan of every option would have chosen among equals.
+    """
+    if not isinstance(request.gpu, GpuShare) or len(options) < 2:
+        return options
+    seen: dict[tuple[str, int], Option] = {}
+    for option in options:
+        seen.setdefault((node.gpus[option[0]].product, node.free[option[0]]), option)
+    return list(seen.values())
 
 
 def fgd_gradient(change: float) -> int:
