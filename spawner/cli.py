@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import pool_command
+from . import bench_command, mig_command, pool_command
 from .hub import up
 
 # Each command imports what it needs when it runs: ``gpupool up`` becomes JupyterHub, and every import before
@@ -43,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _user_errors() -> tuple[type[Exception], ...]:
     """The errors that mean a bad file or argument: one line for the user, no traceback."""
     from .backends.simulated import PoolFileError
+    from .bench.bound import BoundUnavailable
     from .bench.trace import TraceError
     from .files.quotas_file import QuotaFileError
     from .hub.install import InstallError
@@ -54,6 +55,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     return (
         PoolFileError,
         TraceError,
+        BoundUnavailable,
         mig.NotMigCapable,
         mig.UnknownMigProfile,
         up.UpError,
@@ -168,31 +170,7 @@ def _add_mig(commands: Any) -> None:
     layouts.add_argument("product")
     layouts.add_argument("--json", action="store_true", help="print every layout with its placements as JSON")
     layouts.set_defaults(handler=_mig_layouts)
-
-
-def _add_bench(commands: Any) -> None:
-    from .pool.policies import POLICIES
-
-    bench = commands.add_parser("bench", help="benchmarks")
-    bench_commands = bench.add_subparsers(dest="bench_command", required=True)
-    placement = bench_commands.add_parser(
-        "placement", help="the FGD paper's placement protocol on a cluster trace (Alibaba GPU trace v2023)"
-    )
-    placement.add_argument("--nodes", required=True, metavar="CSV", help="e.g. openb_node_list_gpu_node.csv")
-    placement.add_argument("--pods", required=True, metavar="CSV", help="e.g. openb_pod_list_default.csv")
-    placement.add_argument("--policy", default="gpupool", choices=sorted(POLICIES))
-    placement.add_argument("--seed", type=int, default=42)
-    placement.add_argument(
-        "--inflate", type=_positive, default=1.3, help="demand as a multiple of GPU capacity (default 1.3)"
-    )
-    placement.add_argument(
-        "--scale",
-        type=_whole_number,
-        default=1,
-        help="replicate the cluster and its workload N times, to measure cost as the pool grows (default 1)",
-    )
-    placement.add_argument("--json", action="store_true")
-    placement.set_defaults(handler=_bench_placement)
+    mig_command.add_mig_advise(mig_commands)
 
 
 def _add_kube(commands: Any) -> None:
@@ -326,35 +304,6 @@ def _mig_layouts(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_placement(args: argparse.Namespace) -> int:
-    from .bench.placement import run_placement
-    from .bench.trace import load_nodes, load_pods
-
-    run = run_placement(
-        load_nodes(args.nodes), load_pods(args.pods), args.policy, args.seed, args.inflate, args.scale
-    )
-    if args.json:
-        print(json.dumps(run.as_dict()))
-        return 0
-    print(f"policy {run.policy}, seed {run.seed}: {run.pods} tasks, {run.placed} placed, {run.failed} failed")
-    for arrived, allocated in run.alloc_pct.items():
-        figure = (
-            "not reached: no task arrived within a point of it"
-            if allocated is None
-            else f"{allocated}% allocated"
-        )
-        print(f"  {arrived}% of GPU capacity arrived: {figure}")
-    print(
-        f"  fragmented at {round(args.inflate * 100)}% arrived: {run.frag_pct_130}% of GPUs; "
-        f"decision p50 {run.p50_us} µs, p99 {run.p99_us} µs"
-    )
-    print(
-        f"  {run.nodes} nodes (scale {run.scale}), {run.seconds} s in all, "
-        f"peak memory {run.peak_rss_mib} MiB (the whole process)"
-    )
-    return 0
-
-
 def _kube_manifests(args: argparse.Namespace) -> int:
     """The files are checked as the service would check them, so a bad one fails here, not in the pod."""
     from pathlib import Path
@@ -384,25 +333,12 @@ def _kube_manifests(args: argparse.Namespace) -> int:
     return 0
 
 
-def _whole_number(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1 such as 3, got {text}")
-    return int(text)
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number such as 1.3, got {text}")
-    return value
-
-
 # The commands whose parsers live here, in the order the help lists them (before kube, jobs and drain).
 OWN_COMMANDS: dict[str, Callable[[Any], None]] = {
     "up": _add_up,
     "pool": pool_command.add_pool_command,
     "mig": _add_mig,
-    "bench": _add_bench,
+    "bench": bench_command.add_bench_command,
 }
 
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..pool.devices import FULL_MILLI, Node
-from ..pool.fragmentation import FragmentMeter, gpu_views, typical_shapes
+from ..pool.fragmentation import FragmentMeter, TaskShape, gpu_views, typical_shapes
 from ..pool.node_state import NodeState
 from ..pool.policies import FragmentAware, RandomFit, policy_by_name
 from ..pool.state import Allocation, PoolState
@@ -96,22 +96,37 @@ def inflate_workload(
     return arrival
 
 
+def start_protocol(
+    nodes: list[Node],
+    pods: list[TracePod],
+    policy: str,
+    seed: int,
+    inflate: float = 1.3,
+    placed_on: list[Node] | None = None,
+) -> tuple[PoolState, list[TracePod], tuple[TaskShape, ...]]:
+    """The pool, the arrival and the workload's typical shapes of one run, drawn from ``seed`` in the paper's
+    order (arrival, node ranks, the random policy's own seed). ``placed_on`` is the cluster placed onto when it
+    is a variant of ``nodes`` (the MIG benchmark's); capacity, and so the arrival, come from ``nodes``."""
+    rng = random.Random(seed)
+    capacity = sum(len(n.gpus) for n in nodes) * FULL_MILLI
+    arrival = inflate_workload(pods, capacity, inflate, rng)
+    ordered = sorted(nodes if placed_on is None else placed_on, key=lambda n: n.name)
+    ranks = rng.sample(range(len(ordered)), len(ordered))
+    shapes = typical_shapes(p.request for p in sorted(pods, key=lambda p: p.name))
+    chosen = RandomFit(seed=rng.randrange(2**32)) if policy == "random" else policy_by_name(policy)
+    if isinstance(chosen, FragmentAware):
+        chosen.set_workload(shapes)
+    return PoolState(ordered, chosen, ranks=ranks, explain_refusals=False), arrival, shapes
+
+
 def run_placement(
     nodes: list[Node], pods: list[TracePod], policy: str, seed: int, inflate: float = 1.3, scale: int = 1
 ) -> PlacementRun:
     """Run the protocol once and summarise it; ``scale`` replicates the cluster and its workload first."""
     began = time.perf_counter()
     nodes, pods = scale_cluster(nodes, pods, scale)
-    rng = random.Random(seed)
     capacity = sum(len(n.gpus) for n in nodes) * FULL_MILLI
-    arrival = inflate_workload(pods, capacity, inflate, rng)
-    ordered = sorted(nodes, key=lambda n: n.name)
-    ranks = rng.sample(range(len(ordered)), len(ordered))
-    shapes = typical_shapes(p.request for p in sorted(pods, key=lambda p: p.name))
-    chosen = RandomFit(seed=rng.randrange(2**32)) if policy == "random" else policy_by_name(policy)
-    if isinstance(chosen, FragmentAware):
-        chosen.set_workload(shapes)
-    state = PoolState(ordered, chosen, ranks=ranks, explain_refusals=False)
+    state, arrival, shapes = start_protocol(nodes, pods, policy, seed, inflate)
 
     meter = FragmentMeter(shapes)
     node_fragment = [_fragment(meter, ns) for ns in state.nodes]
@@ -119,7 +134,8 @@ def run_placement(
     fragment_total = sum(node_fragment)
 
     arrived = used = failed = 0
-    samples: dict[int, list[tuple[float, float]]] = {}
+    allocated: dict[int, list[float]] = {}  # by arrived percentage
+    fragmented: dict[int, list[float]] = {}
     latencies = []
     for number, pod in enumerate(arrival):
         started = time.perf_counter_ns()
@@ -135,12 +151,11 @@ def run_placement(
         else:
             failed += 1
         arrived_pct = round(arrived / capacity * 100)
-        samples.setdefault(arrived_pct, []).append(
-            (round(used / capacity * 100, 2), fragment_total / capacity * 100)
-        )
+        allocated.setdefault(arrived_pct, []).append(round(used / capacity * 100, 2))
+        fragmented.setdefault(arrived_pct, []).append(fragment_total / capacity * 100)
 
-    curve = {x: _bucket(samples, x, 0) for x in range(0, round(inflate * 100) + 1)}
-    frag = _bucket(samples, round(inflate * 100), 1)
+    curve = {x: mean_near(allocated, x) for x in range(0, round(inflate * 100) + 1)}
+    frag = mean_near(fragmented, round(inflate * 100))
     latencies.sort()
     return PlacementRun(
         policy=policy,
@@ -164,9 +179,7 @@ def _fragment(meter: FragmentMeter, ns: NodeState) -> float:
     return meter.fragment(ns.cpu_free, gpu_views(ns))
 
 
-def _bucket(samples: dict[int, list[tuple[float, float]]], x: int, column: int) -> float | None:
+def mean_near(samples: dict[int, list[float]], x: int) -> float | None:
     """Mean of the events whose arrived percentage rounds to ``x`` (or within one of it, if none do)."""
-    values = [s[column] for s in samples.get(x, [])]
-    if not values:
-        values = [s[column] for near in (x - 1, x, x + 1) for s in samples.get(near, [])]
+    values = samples.get(x) or [v for near in (x - 1, x, x + 1) for v in samples.get(near, [])]
     return round(statistics.fmean(values), 2) if values else None

@@ -1,9 +1,9 @@
 """The service's HTTP app: every route module's router under the service prefix, and errors mapped once.
 
 JupyterHub's proxy forwards ``/services/gpupool/…`` with the prefix intact, so every route lives under
-``{prefix}api/v1/``, the OpenAPI document included. Each route module
-(``lease_routes``, ``job_routes``, ``health_routes``, ``idle_routes``, ``usage_routes``, ``telemetry_routes``,
-``pages``) has a module-level router; the parts they work on are on ``app.state`` (:mod:`.context`).
+``{prefix}api/v1/``, the OpenAPI document included. Each route module (``lease_routes``, ``job_routes``,
+``health_routes``, ``mig_routes``, ``idle_routes``, ``usage_routes``, ``telemetry_routes``, ``pages``) has a
+module-level router; the parts they work on are on ``app.state`` (:mod:`.context`).
 
 Status codes, mapped once in :func:`_problem_handlers`:
 
@@ -30,7 +30,16 @@ from ...pool.profiles import UnknownProfile
 from ...pool.quotas import QuotaExceeded
 from ..leasing.lease_manager import NeverFits
 from ..store.lease_store import LeaseNotFound
-from . import health_routes, idle_routes, job_routes, lease_routes, pages, telemetry_routes, usage_routes
+from . import (
+    health_routes,
+    idle_routes,
+    job_routes,
+    lease_routes,
+    mig_routes,
+    pages,
+    telemetry_routes,
+    usage_routes,
+)
 from .context import ServiceParts
 from .models import Problem
 
@@ -40,7 +49,15 @@ _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": Problem} for code in
 # The API's routes, under api/v1: what its OpenAPI document describes.
 API_ROUTERS = tuple(
     module.router
-    for module in (lease_routes, job_routes, health_routes, idle_routes, usage_routes, telemetry_routes)
+    for module in (
+        lease_routes,
+        job_routes,
+        health_routes,
+        mig_routes,
+        idle_routes,
+        usage_routes,
+        telemetry_routes,
+    )
 )
 
 

@@ -4,8 +4,9 @@ An administrator (``custom:gpupool:admin``) sees the pool as nodes → GPUs → 
 holds what and each device's health, a utilisation heat map from the latest samples (each square labelled),
 the queue, servers beside jobs, and the held devices that have been idle (at or below the culler's
 ``GPUPOOL_GPU_IDLE_THRESHOLD`` for at least ``idle_after`` seconds, with fresh readings as the culler wants
-them: what the dashboard calls idle is what culling calls idle); the admin's console (:mod:`.admin_console`)
-adds buttons that drain, release and cancel through the REST API. Any other user with access to the service
+them: what the dashboard calls idle is what culling calls idle), and the MIG layouts advised for the leases
+and queue (:mod:`.mig_routes`); the admin's console (:mod:`.admin_console`) adds buttons that drain, release and
+cancel through the REST API. Any other user with access to the service
 sees their own leases, their devices' latest readings, their idle devices and their GPU-hours held against
 used, and no buttons. Both pages carry the hub's navigation bar.
 
@@ -35,6 +36,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, R
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from ...inventory import describe_pool
+from ...mig_report import advice_html, describe_advice
 from ...pool.job_states import JobState
 from ...pool.leases import Lease, LeaseState
 from ...pool.requests import describe
@@ -45,6 +47,7 @@ from .admin_console import CONSOLE_SCRIPT, JobRow, ServerRow, device_controls, h
 from .auth import TOKEN_COOKIE, Caller
 from .context import PartsDep, ServiceParts
 from .idle_routes import stale_after
+from .mig_routes import LIVE_SOURCE, live_advice
 from .page_html import (
     IdleDevice,
     QueuedLease,
@@ -286,10 +289,19 @@ def _admin_body(parts: ServiceParts, view: _View) -> str:
         + section("Queue", queue_table(queue), "queue")
         + servers_and_jobs(_servers(view, now), _jobs(parts, now), parts.api_base)
         + _host_section(parts, view)
+        + _mig_section(parts, view)
         + section(
             "Pool", pool_tree(view.pool, users_of, view.latest, device_controls(parts.api_base)), "pool"
         )
     )
+
+
+def _mig_section(parts: ServiceParts, view: _View) -> str:
+    """MIG layouts advised from the leases and the queue (admins only; none when no GPU is in MIG mode)."""
+    if not any(gpu["mode"] == "mig" for node in view.pool["nodes"] for gpu in node["gpus"]):
+        return ""
+    description = describe_advice(live_advice(parts.manager), LIVE_SOURCE)
+    return section("MIG advice", advice_html(description), "mig-advice")
 
 
 def _servers(view: _View, now: float) -> list[ServerRow]:

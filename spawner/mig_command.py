@@ -1,0 +1,212 @@
+"""``gpupool mig advise`` and ``gpupool bench mig``: MIG layouts for the demand seen, and the placement
+benchmark with MIG nodes.
+
+``mig advise`` reads the demand from a pod list like the Alibaba trace's (``--trace``, shrunk to ``--load`` ×
+the MIG GPUs' capacity when it asks more, keeping its mix; the pool from ``--pool FILE``, else as ``gpupool
+pool`` finds it) or from the running service (``--url``/``--token``, or
+``GPUPOOL_SERVICE_URL``/``JUPYTERHUB_API_TOKEN``, or the ``gpupool up`` of ``--state-dir``), whose admin route
+``GET admin/mig-advice`` advises on its live pool from its leases and queue (an admin's token). Advice only:
+gpupool never changes a MIG layout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from .names import UP_STATE
+
+if TYPE_CHECKING:
+    from .bench.mig_bench import MigRun
+
+DEFAULT_POLICIES = "gpupool,fgd,best-fit,first-fit"
+
+
+def add_mig_advise(mig_commands: Any) -> None:
+    advise = mig_commands.add_parser(
+        "advise",
+        help="the MIG layout per MIG GPU that serves the demand seen best (a trace, or the service's leases)",
+    )
+    advise.add_argument("--trace", metavar="PODS.csv", help="a pod list like openb_pod_list_default.csv")
+    advise.add_argument("--pool", metavar="FILE", help="with --trace: a pool file (default: as gpupool pool)")
+    advise.add_argument(
+        "--load",
+        type=float,
+        default=1.0,
+        help="with --trace: a trace asking more is shrunk to LOAD × the MIG GPUs' capacity, keeping its mix "
+        "(default 1)",
+    )
+    advise.add_argument(
+        "--url", help="the gpupool service (default: $GPUPOOL_SERVICE_URL, else --state-dir's)"
+    )
+    advise.add_argument("--token", help="an admin's JupyterHub API token (default: $JUPYTERHUB_API_TOKEN)")
+    advise.add_argument(
+        "--state-dir", default=UP_STATE, metavar="DIR", help=f"gpupool up's state folder (default {UP_STATE})"
+    )
+    advise.add_argument("--json", action="store_true", help="print JSON instead of text")
+    advise.set_defaults(handler=mig_advise)
+
+
+def add_bench_mig(bench_commands: Any) -> None:
+    bench = bench_commands.add_parser(
+        "mig", help="the placement protocol with a share of the trace's nodes as MIG nodes"
+    )
+    bench.add_argument("--nodes", required=True, metavar="CSV", help="e.g. openb_node_list_gpu_node.csv")
+    bench.add_argument("--pods", required=True, metavar="CSV", help="e.g. openb_pod_list_default.csv")
+    bench.add_argument(
+        "--mig-share", type=float, default=0.3, help="share of GPU nodes made MIG (default 0.3)"
+    )
+    bench.add_argument(
+        "--mig-layout",
+        default="all-balanced",
+        help="a MIG Manager stock layout: all-balanced, all-1g … all-7g",
+    )
+    bench.add_argument(
+        "--mig-product", default="A100-80GB", help="what MIG nodes' GPUs are (default A100-80GB)"
+    )
+    bench.add_argument(
+        "--policy", default=DEFAULT_POLICIES, help=f"comma-separated (default {DEFAULT_POLICIES})"
+    )
+    bench.add_argument("--seeds", default="42", help="e.g. 42, 42,43 or 42-44 (default 42)")
+    bench.add_argument("--inflate", type=float, default=1.3, help="demand as a multiple of capacity (1.3)")
+    bench.add_argument("--json", action="store_true", help="one JSON object per run")
+    bench.set_defaults(handler=bench_mig)
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"gpupool: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def mig_advise(args: argparse.Namespace) -> int:
+    if args.trace is None and args.pool is not None:
+        _fail("--pool goes with --trace; without --trace the advice is the live service's, on its own pool")
+    description = _from_trace(args) if args.trace else _from_service(args)
+    if args.json:
+        print(json.dumps(description, indent=2))
+        return 0
+    from .mig_report import render_advice
+
+    print(render_advice(description))
+    return 0
+
+
+def _from_trace(args: argparse.Namespace) -> dict[str, Any]:
+    from .backends.discovery import discover_pool
+    from .bench.trace import load_pods
+    from .mig_report import describe_advice
+    from .pool.mig_advice import advise, demand_of, mig_gpus, scaled_demand
+
+    if not args.load > 0:
+        _fail(f"--load: must be a positive number such as 1 or 1.3, got {args.load:g}")
+    found = discover_pool(args.pool)
+    if found.note:
+        print(f"gpupool: {found.note}", file=sys.stderr)
+    gpus = mig_gpus(found.nodes)
+    observed = demand_of((pod.request for pod in load_pods(args.trace)), {gpu.product for gpu in gpus})
+    demand = scaled_demand(observed, len(gpus), args.load)
+    source = f"the tasks of {args.trace} on {found.source}"
+    if demand != observed:
+        source += (
+            f" ({observed.total()} asks shrunk to {demand.total()}, {args.load:g} × the capacity of the "
+            f"{len(gpus)} MIG GPUs, keeping their mix)"
+        )
+    return describe_advice(advise(gpus, demand), source)
+
+
+def _from_service(args: argparse.Namespace) -> dict[str, Any]:
+    from .client import GpupoolError
+    from .client.connection import Connection
+
+    try:
+        answer: dict[str, Any] = Connection(args.url, args.token, state_dir=args.state_dir).call(
+            "GET", "admin/mig-advice"
+        )
+    except GpupoolError as error:
+        _fail(str(error))
+    return answer
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``42``, ``42,43`` or ``42-44``; a bad one names what was expected."""
+    try:
+        if "-" in text:
+            first, last = (int(part) for part in text.split("-", 1))
+            seeds = list(range(first, last + 1))
+        else:
+            seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        _fail(f"--seeds: expected e.g. 42, 42,43 or 42-44, got {text!r}")
+    if not seeds:
+        _fail(f"--seeds: {text!r} holds no seed; expected e.g. 42-44")
+    return seeds
+
+
+def bench_mig(args: argparse.Namespace) -> int:
+    from .bench.mig_bench import MigSetup, run_mig_placement
+    from .bench.trace import load_nodes, load_pods
+    from .pool.mig import NotMigCapable
+    from .pool.mig_layouts import UnknownLayout
+    from .pool.policies import POLICIES
+
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        _fail(f"--policy: unknown {', '.join(unknown) or 'empty'}; choose from {', '.join(POLICIES)}")
+    if not args.inflate > 0:
+        _fail(f"--inflate: must be a positive number such as 1.3, got {args.inflate:g}")
+    try:
+        setup = MigSetup(args.mig_share, args.mig_layout, args.mig_product)
+    except UnknownLayout as error:
+        _fail(f"--mig-layout: {error}")
+    except NotMigCapable as error:
+        _fail(f"--mig-product: {error}")
+    except ValueError as error:
+        _fail(f"--mig-share: {error}")
+    nodes, pods = load_nodes(args.nodes), load_pods(args.pods)
+    runs = []
+    for policy in policies:
+        for seed in parse_seeds(args.seeds):
+            run = run_mig_placement(nodes, pods, policy, seed, setup, args.inflate)
+            runs.append(run)
+            if args.json:
+                print(json.dumps(run.as_dict()), flush=True)
+    if not args.json:
+        print(render_runs(runs))
+    return 0
+
+
+def render_runs(runs: list[MigRun]) -> str:
+    """A Markdown table, one row per policy, each figure the mean over its seeds."""
+    first = runs[0]
+    gpus = sorted({r.mig_gpus for r in runs})
+    count = (
+        f"{gpus[0]} {first.product} GPUs"
+        if len(gpus) == 1
+        else f"{gpus[0]}–{gpus[-1]} {first.product} GPUs by seed"
+    )
+    lines = [
+        f"{first.mig_nodes} of the GPU nodes as MIG nodes ({count}, "
+        f"{first.layout}; --mig-share {first.mig_share:g}); percent of GPU capacity, mean over the seeds",
+        "",
+        "| policy | seeds | alloc @100 | alloc @130 | asked by placed @130 | tasks on MIG | MIG held | "
+        "stranded slices @130 | stranded, % of GPUs |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for policy in dict.fromkeys(r.policy for r in runs):
+        mine = [r for r in runs if r.policy == policy]
+
+        def mean(values: list[float | None]) -> str:
+            known = [v for v in values if v is not None]
+            return f"{statistics.fmean(known):.2f}" if len(known) == len(values) else "–"
+
+        lines.append(
+            f"| {policy} | {','.join(str(r.seed) for r in mine)} | {mean([r.alloc_pct['100'] for r in mine])} | "
+            f"{mean([r.alloc_pct['130'] for r in mine])} | {mean([r.served_pct for r in mine])} | "
+            f"{mean([r.on_mig for r in mine])} | {mean([r.mig_used_pct for r in mine])} | "
+            f"{mean([r.stranded for r in mine])} | {mean([r.stranded_pct for r in mine])} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,49 @@
+"""``GET api/v1/admin/mig-advice``: which MIG layout each MIG GPU of the live pool should have, from the
+leases granted and queued in the store (admins only, 403 otherwise). The dashboard shows the same advice.
+
+The demand is every active lease's request: granted leases (what is held now) and the queue (what waits). The
+search is pure (:mod:`...pool.mig_advice`) and cached on its inputs, so the dashboard's refresh every few
+seconds recomputes it only when the pool's layouts or the leases change.
+"""
+
+# No ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
+import functools
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, status
+
+from ...mig_report import describe_advice
+from ...pool.mig_advice import Advice, Ask, MigGpu, advise, demand_of, mig_gpus
+from ..leasing.lease_manager import LeaseManager
+from .context import CallerDep, PartsDep
+
+LIVE_SOURCE = "the leases granted and queued in the gpupool service's store"
+
+router = APIRouter(prefix="/admin")
+
+
+def live_advice(manager: LeaseManager) -> Advice:
+    """The advice for the manager's MIG GPUs and its active leases (no GPUs in MIG mode: an empty advice)."""
+    gpus = manager.inspect(lambda pool: mig_gpus(ns.node for ns in pool.nodes))
+    requests = [lease.request for lease in manager.all_leases(active_only=True)]
+    demand = demand_of(requests, {gpu.product for gpu in gpus})
+    return _advice(
+        tuple(gpus), tuple(sorted(demand.items(), key=lambda item: (item[0].label, item[0].serves)))
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _advice(gpus: tuple[MigGpu, ...], demand: tuple[tuple[Ask, int], ...]) -> Advice:
+    return advise(gpus, dict(demand))
+
+
+@router.get("/mig-advice", summary="MIG layouts advised for the MIG GPUs, from the leases and queue (admins)")
+async def get_mig_advice(parts: PartsDep, caller: CallerDep) -> dict[str, Any]:
+    """Each MIG GPU's layout now and advised, the figures replayed on the demand, a mig-parted config and
+    pool-file fragments. Advice only: gpupool never changes a layout."""
+    if not caller.is_admin:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"{caller.kind} {caller.name} may not read MIG advice: it needs custom:gpupool:admin",
+        )
+    return describe_advice(live_advice(parts.manager), LIVE_SOURCE)
