@@ -17,6 +17,13 @@ class DiscoveredPool:
     source: str
     note: str = ""  # said once to the admin, e.g. why the demo pool is used
 
+    @property
+    def summary(self) -> str:
+        """Where the pool came from and its size, "simulated" said out loud where it is."""
+        gpus = sum(len(node.gpus) for node in self.nodes)
+        kind = "simulated, not real GPUs" if self.backend == "simulated" else self.backend
+        return f"pool from {self.source} ({kind}): {len(self.nodes)} nodes, {gpus} GPUs"
+
 
 class NoRealGpus(RuntimeError):
     """NVML found no driver or no GPUs, and the admin did not ask for a simulated pool."""

@@ -331,29 +331,34 @@ def prepare(
     )
     spawner_token(state)  # made now: with service.json, the gpupool commands run here find the live service
     (state / SERVICE_FILE).write_text(json.dumps({"url": settings.service_url}))
+    messages = _start_messages(settings, found)
+    env = dict(environ) | {ENV: settings.to_env()}
+    if settings.kubeconfig:
+        env["KUBECONFIG"] = settings.kubeconfig  # KubeSpawner's client reads it when first imported
+    return Prepared(["-f", str(embedded_config())], env, messages)
+
+
+def _start_messages(settings: UpSettings, found: DiscoveredPool | None) -> list[str]:
+    """What ``gpupool up`` tells the terminal before the hub starts: the pool, the state, where to log in."""
     if found is None:
         messages = [
             f"gpupool: pool from the Kubernetes cluster of {settings.kubeconfig}; servers are pods in namespace "
             f"{KUBE_NAMESPACE} (KubeGPUSpawner)"
         ]
     else:
-        messages = [*([f"gpupool: {found.note}"] if found.note else []), pool_line(found)]
-    messages.append(f"gpupool: state in {state}")
+        messages = [*([f"gpupool: {found.note}"] if found.note else []), f"gpupool: {found.summary}"]
+    messages.append(f"gpupool: state in {settings.state_dir}")
     if settings.run_as:
         messages.append(
             f"gpupool: started as root, so every user's servers and jobs run as the system account "
             f"{settings.run_as}, with homes in {settings.homes} and Python from {settings.user_bin}"
         )
-    if demo_login:
-        messages.append(
-            f"Log in at {settings.public_url} as {DEMO_USER} with password {demo_password(state)}"
-        )
-    else:
-        messages.append(f"JupyterHub at {settings.public_url}")
-    env = dict(environ) | {ENV: settings.to_env()}
-    if settings.kubeconfig:
-        env["KUBECONFIG"] = settings.kubeconfig  # KubeSpawner's client reads it when first imported
-    return Prepared(["-f", str(embedded_config())], env, messages)
+    messages.append(
+        f"Log in at {settings.public_url} as {DEMO_USER} with password {demo_password(Path(settings.state_dir))}"
+        if settings.demo_login
+        else f"JupyterHub at {settings.public_url}"
+    )
+    return messages
 
 
 def _unprivileged_account() -> dict[str, str]:
@@ -370,12 +375,6 @@ def _unprivileged_account() -> dict[str, str]:
     except (AccountError, UserEnvironmentError) as error:
         raise UpError(str(error)) from None
     return {"run_as": account.name, "homes": account.homes, "user_bin": str(environment.bin)}
-
-
-def pool_line(found: DiscoveredPool) -> str:
-    gpus = sum(len(node.gpus) for node in found.nodes)
-    kind = "simulated, not real GPUs" if found.backend == "simulated" else found.backend
-    return f"gpupool: pool from {found.source} ({kind}): {len(found.nodes)} nodes, {gpus} GPUs"
 
 
 def embedded_config() -> Path:

@@ -121,22 +121,9 @@ def check_submission(
             raise InvalidJob("command", f"{command[0]!r} is not an executable file {where}")
     else:
         directory = container_working_dir(working_dir, identity.home)
-    if priority_class not in PRIORITY_CLASSES:
-        raise InvalidJob(
-            "priority_class", f"must be one of {', '.join(PRIORITY_CLASSES)}, got {priority_class!r}"
-        )
-    if priority_class not in USER_JOB_CLASSES and not is_admin:
-        allowed = " or ".join(sorted(USER_JOB_CLASSES))
-        raise InvalidJob(
-            "priority_class", f"{priority_class} is for servers and administrators; use {allowed}"
-        )
+    _check_priority_class(priority_class, is_admin)
     limit = profile.max_lifetime
-    if max_runtime is not None and max_runtime <= 0:
-        raise InvalidJob("max_runtime", f"must be more than 0 seconds, got {max_runtime:g}")
-    if max_runtime is not None and limit is not None and max_runtime > limit:
-        raise InvalidJob(
-            "max_runtime", f"{max_runtime:g} s is over profile {profile.slug}'s limit of {limit} s"
-        )
+    _check_max_runtime(max_runtime, limit, profile.slug)
     return CheckedJob(
         command=tuple(command),
         working_dir=directory,
@@ -146,6 +133,25 @@ def check_submission(
         name=name or os.path.basename(command[0]),
         request=profile.request(max_runtime if max_runtime is not None else limit, environment),
     )
+
+
+def _check_priority_class(priority_class: str, is_admin: bool) -> None:
+    if priority_class not in PRIORITY_CLASSES:
+        raise InvalidJob(
+            "priority_class", f"must be one of {', '.join(PRIORITY_CLASSES)}, got {priority_class!r}"
+        )
+    if priority_class not in USER_JOB_CLASSES and not is_admin:
+        allowed = " or ".join(sorted(USER_JOB_CLASSES))
+        raise InvalidJob(
+            "priority_class", f"{priority_class} is for servers and administrators; use {allowed}"
+        )
+
+
+def _check_max_runtime(max_runtime: float | None, limit: float | None, profile: str) -> None:
+    if max_runtime is not None and max_runtime <= 0:
+        raise InvalidJob("max_runtime", f"must be more than 0 seconds, got {max_runtime:g}")
+    if max_runtime is not None and limit is not None and max_runtime > limit:
+        raise InvalidJob("max_runtime", f"{max_runtime:g} s is over profile {profile}'s limit of {limit} s")
 
 
 def resolve_working_dir(raw: str | None, home: str) -> str:
