@@ -76,9 +76,10 @@ def _bench_placement(args: argparse.Namespace) -> int:
     )
     if bound:
         print(
-            f"  no placement of the {bound.tasks} GPU tasks arrived could allocate more than {bound.percent}% "
-            f"of GPU capacity ({bound.gpus:,.2f} of {bound.capacity_gpus:,} GPUs; LP bound, "
-            f"{bound.relaxation} relaxation, solved in {bound.seconds} s)"
+            f"  no placement of the {bound.tasks:,} GPU tasks that arrived could allocate more than "
+            f"{bound.percent}% of GPU capacity ({bound.gpus:,.2f} of {bound.capacity_gpus:,} GPUs; an LP bound "
+            f"with each GPU's shares packed and each node kind checked alone ({bound.relaxation}), "
+            f"solved in {bound.seconds} s)"
         )
     return 0
 

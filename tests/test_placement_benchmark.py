@@ -136,7 +136,7 @@ def test_empty_or_gpu_less_trace_files_are_refused(tmp_path: Path) -> None:
         load_nodes(cpu_only)
     negative = tmp_path / "negative.csv"
     negative.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,4000,1024,-1,1000\n")
-    with pytest.raises(TraceError, match=r"line 2: gpus.count must be at least 1, got -1"):
+    with pytest.raises(TraceError, match=r"line 2: num_gpu must be 0 or more, got -1"):
         load_pods(negative)
 
 
@@ -183,3 +183,25 @@ def test_grouping_nodes_by_state_decides_exactly_as_looking_at_every_node(
         decisions.append([(o.node, o.grants) if isinstance(o, Allocation) else None for o in outcomes])
     assert decisions[0] == decisions[1]
     assert sum(d is None for d in decisions[0]) > 0, "the sample, twice over, must overflow the pool"
+
+
+def test_a_trace_asking_more_than_the_target_is_thinned_and_the_bound_of_nothing_is_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import random
+
+    pods = load_pods(PODS)
+    capacity = sum(len(n.gpus) for n in load_nodes(NODES)) * 1000
+    arrival = inflate_workload(pods, capacity, 0.5, random.Random(1))
+    demand = sum(p.gpu_milli_total for p in arrival)
+    assert 0.5 * capacity - 8000 < demand <= 0.5 * capacity
+    assert len(arrival) < len(pods)
+    # A node no task fits: every GPU task is refused, and no placement could allocate anything.
+    tiny = tmp_path / "nodes.csv"
+    tiny.write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,1000,1024,1,G2\n")
+    assert main(["bench", "placement", "--nodes", str(tiny), "--pods", str(PODS), "--bound"]) == 0
+    assert "could allocate more than 0.0% of GPU capacity" in capsys.readouterr().out
+    negative = tmp_path / "negative.csv"
+    negative.write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,-5,1024,1,G2\n")
+    with pytest.raises(TraceError, match=r"line 2: cpu_milli must be 0 or more, got -5"):
+        load_nodes(negative)

@@ -203,6 +203,8 @@ class _Model:
 
     def solve_lp(self) -> tuple[float, dict[Hashable, float]]:
         """The LP optimum and each row's price (its dual, ≥ 0)."""
+        if not self.values:  # no node could hold any task: nothing can be allocated
+            return 0.0, dict.fromkeys(self.limits, 0.0)
         matrix, names, limits, costs = self._matrix()
         result = _solver("scipy.optimize").linprog(
             costs,

@@ -75,7 +75,8 @@ def scale_cluster(nodes: list[Node], pods: list[TracePod], times: int) -> tuple[
 def inflate_workload(
     pods: list[TracePod], capacity_milli: int, inflate: float, rng: random.Random
 ) -> list[TracePod]:
-    """The trace shuffled, then extra tasks resampled from it until demand would pass ``inflate`` × capacity.
+    """The trace shuffled, then extra tasks resampled from it until demand would pass ``inflate`` × capacity
+    (or, for a trace already asking more, tasks dropped at random until it no longer does).
 
     Like the paper's simulator, the stop test adds one GPU's share of the next draw rather than its total,
     and a draw that would pass the target ends the resampling.
@@ -85,6 +86,10 @@ def inflate_workload(
     rng.shuffle(arrival)
     target = inflate * capacity_milli
     demand = sum(p.gpu_milli_total for p in by_name)
+    if demand > target:  # the simulator's tune-down: tasks leave at random until the demand is the target's
+        while demand > target:
+            demand -= arrival.pop(rng.randrange(len(arrival))).gpu_milli_total
+        return arrival
     extra = 0
     while True:
         clone = by_name[rng.randrange(len(by_name))]

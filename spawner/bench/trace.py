@@ -53,9 +53,12 @@ def _rows(path: Path, required: tuple[str, ...]) -> list[dict[str, str]]:
 
 def _int(path: Path, line: int, row: dict[str, str], column: str) -> int:
     try:
-        return int(row[column] or 0)
+        value = int(row[column] or 0)
     except ValueError:
         raise TraceError(f"{path}, line {line}: {column} must be an integer, got {row[column]!r}") from None
+    if value < 0:
+        raise TraceError(f"{path}, line {line}: {column} must be 0 or more, got {value}")
+    return value
 
 
 def load_nodes(path: str | Path) -> list[Node]:
