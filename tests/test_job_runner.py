@@ -16,7 +16,7 @@ from polling import until
 from gpupool.spawner.pool.job_states import JobState
 from gpupool.spawner.pool.profiles import Profile
 from gpupool.spawner.service.jobs import processes
-from gpupool.spawner.service.jobs.runner import Outcome
+from gpupool.spawner.service.jobs.runner import LocalRunner, Outcome
 from gpupool.spawner.service.jobs.submission import InvalidJob, check_submission
 
 RUN = uuid.uuid4().hex[:8]  # job ids unique to this test run: a job directory is never a leftover
@@ -134,6 +134,29 @@ def test_with_one_account_every_users_jobs_run_as_it_in_homes_under_the_home_roo
     )
     with pytest.raises(processes.NoSystemAccount, match="never run as root"):
         processes.identity_for("alice", account="root", euid=0)
+
+
+def test_a_users_first_job_gets_the_home_a_first_server_would_have_made(tmp_path: Path) -> None:
+    # As root with one job account (gpupool up as root), or as the service's user with a home root.
+    root = os.geteuid() == 0
+    runner = LocalRunner(home_root=str(tmp_path), account=job_user() if root else None)
+    identity = runner.identity("newcomer")
+    home = Path(identity.home)
+    assert home == tmp_path / "newcomer" and home.is_dir()
+    assert home.stat().st_mode & 0o777 == 0o700
+    assert home.stat().st_uid == (pwd.getpwnam(job_user()).pw_uid if root else os.geteuid())
+    checked = check_submission(
+        identity=identity,
+        profile=PROFILE,
+        command=["sh", "-c", "true"],
+        working_dir=None,
+        env={},
+        max_runtime=None,
+        priority_class="batch",
+        name=None,
+        is_admin=False,
+    )
+    assert checked.working_dir == identity.home
 
 
 # ---- submission checks ----------------------------------------------------------------------------------

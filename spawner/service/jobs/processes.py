@@ -124,6 +124,15 @@ def _shared_account_identity(user: str, account: str, home_root: str | None) -> 
     return Identity(user, home, entry.pw_uid, entry.pw_gid)
 
 
+def make_home(identity: Identity) -> None:
+    """Create ``identity``'s home if it is missing: private (0700), and its owner's when it has a uid."""
+    if os.path.isdir(identity.home):
+        return
+    os.makedirs(identity.home, 0o700, exist_ok=True)
+    if identity.uid is not None and os.geteuid() == 0:
+        os.chown(identity.home, identity.uid, identity.gid if identity.gid is not None else -1)
+
+
 def job_dir(identity: Identity, job_id: str) -> str:
     return os.path.join(identity.home, JOBS_SUBDIR, job_id)
 

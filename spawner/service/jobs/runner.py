@@ -134,7 +134,13 @@ class LocalRunner:
         self._processes: dict[str, subprocess.Popen[bytes]] = {}  # runs this process started, to reap
 
     def identity(self, user: str) -> processes.Identity:
-        return processes.identity_for(user, home_root=self.home_root, account=self.account)
+        identity = processes.identity_for(user, home_root=self.home_root, account=self.account)
+        root = os.geteuid() == 0
+        if (root and self.account) or (not root and self.home_root):
+            # A home gpupool keeps (not a system account's) is made on first use, as a first server makes
+            # it: a user's first job may come before their first server.
+            processes.make_home(identity)
+        return identity
 
     def launch(self, job: Job, lease: Lease, identity: processes.Identity) -> Launched:
         env = processes.job_env(
