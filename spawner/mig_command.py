@@ -5,22 +5,18 @@ benchmark with MIG nodes.
 the MIG GPUs' capacity when it asks more, keeping its mix; the pool from ``--pool FILE``, else as ``gpupool
 pool`` finds it) or from the running service (``--url``/``--token``, or
 ``GPUPOOL_SERVICE_URL``/``JUPYTERHUB_API_TOKEN``, or the ``gpupool up`` of ``--state-dir``), whose admin route
-``GET admin/mig-advice`` advises on its live pool from its leases and queue (an admin's token). Advice only:
-gpupool never changes a MIG layout.
+``GET admin/mig-advice`` advises on its live pool from its leases and queue (an admin's token). An option of
+one source given with the other is refused, never ignored. Advice only: gpupool never changes a MIG layout.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from .names import UP_STATE
-
-if TYPE_CHECKING:
-    from .bench.mig_bench import MigRun
 
 DEFAULT_POLICIES = "gpupool,fgd,best-fit,first-fit"
 
@@ -35,16 +31,18 @@ def add_mig_advise(mig_commands: Any) -> None:
     advise.add_argument(
         "--load",
         type=float,
-        default=1.0,
         help="with --trace: a trace asking more is shrunk to LOAD × the MIG GPUs' capacity, keeping its mix "
         "(default 1)",
     )
     advise.add_argument(
-        "--url", help="the gpupool service (default: $GPUPOOL_SERVICE_URL, else --state-dir's)"
+        "--url",
+        help="without --trace: the gpupool service (default: $GPUPOOL_SERVICE_URL, else --state-dir's)",
     )
-    advise.add_argument("--token", help="an admin's JupyterHub API token (default: $JUPYTERHUB_API_TOKEN)")
     advise.add_argument(
-        "--state-dir", default=UP_STATE, metavar="DIR", help=f"gpupool up's state folder (default {UP_STATE})"
+        "--token", help="without --trace: an admin's JupyterHub API token (default: $JUPYTERHUB_API_TOKEN)"
+    )
+    advise.add_argument(
+        "--state-dir", metavar="DIR", help=f"without --trace: gpupool up's state folder (default {UP_STATE})"
     )
     advise.add_argument("--json", action="store_true", help="print JSON instead of text")
     advise.set_defaults(handler=mig_advise)
@@ -82,8 +80,7 @@ def _fail(message: str) -> NoReturn:
 
 
 def mig_advise(args: argparse.Namespace) -> int:
-    if args.trace is None and args.pool is not None:
-        _fail("--pool goes with --trace; without --trace the advice is the live service's, on its own pool")
+    _refuse_mixed_sources(args)
     description = _from_trace(args) if args.trace else _from_service(args)
     if args.json:
         print(json.dumps(description, indent=2))
@@ -94,39 +91,66 @@ def mig_advise(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_mixed_sources(args: argparse.Namespace) -> None:
+    """The demand comes from a trace (with ``--pool``, ``--load``) or from the live service (with ``--url``,
+    ``--token``, ``--state-dir``), never both: an option of the other source would be ignored, so it is
+    refused in one line naming it."""
+    if args.trace is None:
+        for flag, value in (("--pool", args.pool), ("--load", args.load)):
+            if value is not None:
+                _fail(
+                    f"{flag} goes with --trace; without --trace the advice is the live service's, on its own "
+                    "pool and from its leases and queue"
+                )
+        return
+    service = [
+        f
+        for f, v in (("--url", args.url), ("--token", args.token), ("--state-dir", args.state_dir))
+        if v is not None
+    ]
+    if service:
+        _fail(
+            f"--trace does not go with {', '.join(service)}: --trace advises on a pod list's tasks, "
+            f"{'/'.join(service)} on the live service's leases and queue; give one or the other"
+        )
+
+
 def _from_trace(args: argparse.Namespace) -> dict[str, Any]:
     from .backends.discovery import discover_pool
     from .bench.trace import load_pods
     from .mig_report import describe_advice
     from .pool.mig_advice import advise, demand_of, mig_gpus, scaled_demand
 
-    if not args.load > 0:
-        _fail(f"--load: must be a positive number such as 1 or 1.3, got {args.load:g}")
+    load = 1.0 if args.load is None else args.load
+    if not load > 0:
+        _fail(f"--load: must be a positive number such as 1 or 1.3, got {load:g}")
+    pods = load_pods(args.trace)  # a missing or bad trace fails before the pool is looked for
     found = discover_pool(args.pool)
     if found.note:
         print(f"gpupool: {found.note}", file=sys.stderr)
     gpus = mig_gpus(found.nodes)
-    observed = demand_of((pod.request for pod in load_pods(args.trace)), {gpu.product for gpu in gpus})
-    demand = scaled_demand(observed, len(gpus), args.load)
+    observed = demand_of((pod.request for pod in pods), {gpu.product for gpu in gpus})
+    demand = scaled_demand(observed, len(gpus), load)
     source = f"the tasks of {args.trace} on {found.source}"
     if demand != observed:
         source += (
-            f" ({observed.total()} asks shrunk to {demand.total()}, {args.load:g} × the capacity of the "
+            f" ({observed.total()} asks shrunk to {demand.total()}, {load:g} × the capacity of the "
             f"{len(gpus)} MIG GPUs, keeping their mix)"
         )
     return describe_advice(advise(gpus, demand), source)
 
 
 def _from_service(args: argparse.Namespace) -> dict[str, Any]:
+    """The service's advice, through the one API client: a refusal is its sentence (with the client's hint:
+    the URL's prefix, an admin's token) on stderr and exit status 1, as for ``gpupool drain``."""
     from .client import GpupoolError
     from .client.connection import Connection
 
     try:
-        answer: dict[str, Any] = Connection(args.url, args.token, state_dir=args.state_dir).call(
-            "GET", "admin/mig-advice"
-        )
+        connection = Connection(args.url, args.token, state_dir=args.state_dir or UP_STATE)
+        answer: dict[str, Any] = connection.call("GET", "admin/mig-advice")
     except GpupoolError as error:
-        _fail(str(error))
+        raise SystemExit(f"gpupool: {error}") from None
     return answer
 
 
@@ -146,7 +170,8 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def bench_mig(args: argparse.Namespace) -> int:
-    from .bench.mig_bench import MigSetup, run_mig_placement
+    from .bench.mig_bench import MigSetup, run_with_baseline
+    from .bench.mig_table import render_runs
     from .bench.trace import load_nodes, load_pods
     from .pool.mig import NotMigCapable
     from .pool.mig_layouts import UnknownLayout
@@ -170,43 +195,10 @@ def bench_mig(args: argparse.Namespace) -> int:
     runs = []
     for policy in policies:
         for seed in parse_seeds(args.seeds):
-            run = run_mig_placement(nodes, pods, policy, seed, setup, args.inflate)
+            run = run_with_baseline(nodes, pods, policy, seed, setup, args.inflate)
             runs.append(run)
             if args.json:
                 print(json.dumps(run.as_dict()), flush=True)
     if not args.json:
         print(render_runs(runs))
     return 0
-
-
-def render_runs(runs: list[MigRun]) -> str:
-    """A Markdown table, one row per policy, each figure the mean over its seeds."""
-    first = runs[0]
-    gpus = sorted({r.mig_gpus for r in runs})
-    count = (
-        f"{gpus[0]} {first.product} GPUs"
-        if len(gpus) == 1
-        else f"{gpus[0]}–{gpus[-1]} {first.product} GPUs by seed"
-    )
-    lines = [
-        f"{first.mig_nodes} of the GPU nodes as MIG nodes ({count}, "
-        f"{first.layout}; --mig-share {first.mig_share:g}); percent of GPU capacity, mean over the seeds",
-        "",
-        "| policy | seeds | alloc @100 | alloc @130 | asked by placed @130 | tasks on MIG | MIG held | "
-        "stranded slices @130 | stranded, % of GPUs |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for policy in dict.fromkeys(r.policy for r in runs):
-        mine = [r for r in runs if r.policy == policy]
-
-        def mean(values: list[float | None]) -> str:
-            known = [v for v in values if v is not None]
-            return f"{statistics.fmean(known):.2f}" if len(known) == len(values) else "–"
-
-        lines.append(
-            f"| {policy} | {','.join(str(r.seed) for r in mine)} | {mean([r.alloc_pct['100'] for r in mine])} | "
-            f"{mean([r.alloc_pct['130'] for r in mine])} | {mean([r.served_pct for r in mine])} | "
-            f"{mean([r.on_mig for r in mine])} | {mean([r.mig_used_pct for r in mine])} | "
-            f"{mean([r.stranded for r in mine])} | {mean([r.stranded_pct for r in mine])} |"
-        )
-    return "\n".join(lines)

@@ -1,9 +1,9 @@
 """MIG advice as an admin reads it and applies it: the GPU Operator's MIG Manager config (mig-parted's
 ``version: v1`` format), pool-file fragments, the before/after figures, JSON and text.
 
-gpupool never changes a layout. An admin applies the advice with the MIG Manager (put the config in its
-ConfigMap, then ``kubectl label node NODE nvidia.com/mig.config=gpupool-NODE --overwrite``; the GPUs must be
-free), or with ``nvidia-smi mig``/``nvidia-mig-parted apply`` on a host, and, for a simulated pool, edits the
+gpupool never changes a layout. An admin applies the advice with the MIG Manager (put the config.yaml in its
+ConfigMap, then ``kubectl label node NODE nvidia.com/mig.config=gpupool-NODE --overwrite`` for each node to
+change, as the text output spells out with the node names; the GPUs must be free), or with ``nvidia-smi mig``/``nvidia-mig-parted apply`` on a host, and, for a simulated pool, edits the
 pool file's ``mig:`` entries. mig-parted places the instances itself; the pool-file fragments give one legal
 placement of the same instances. GPUs a config does not list are left as they are (mig-parted skips them).
 """
@@ -119,19 +119,34 @@ def render_advice(description: dict[str, Any]) -> str:
         )
     lines.append("Replayed on that demand (every ask at once; current → advised):")
     lines += [f"  {what}: {now} → {then}" for what, now, then in figures_rows(description)]
+    return "\n".join(lines + _how_to_apply(description))
+
+
+def _how_to_apply(description: dict[str, Any]) -> list[str]:
+    """Nothing to do when no GPU changes; else the steps with the real node names, then the two YAML forms."""
+    gpus = description["gpus"]
+    nodes = list(dict.fromkeys(g["node"] for g in gpus if g["changed"]))
+    if not nodes:
+        return [
+            f"Nothing to change: the current layouts of the {len(gpus)} MIG GPU(s) serve this demand as well as "
+            "any layout the search found."
+        ]
     changed = sum(1 for g in gpus if g["changed"])
-    lines += [
-        f"{changed} GPU(s) to change. gpupool never changes a MIG layout: empty each GPU first, then apply",
-        "the config below with the GPU Operator's MIG Manager (kubectl label node NODE "
-        "nvidia.com/mig.config=gpupool-NODE --overwrite) and update the pool file's mig: entries.",
+    return [
+        f"{changed} GPU(s) on {len(nodes)} node(s) to change. gpupool never changes a MIG layout: empty each GPU "
+        "to change, put the config.yaml below in the GPU Operator's MIG Manager's ConfigMap, then select it:",
+        *(
+            f"  kubectl label node {node} nvidia.com/mig.config={config_name(node)} --overwrite"
+            for node in nodes
+        ),
+        "and update the pool file's mig: entries (the fragments below).",
         "",
-        "# mig-parted config (the MIG Manager's ConfigMap)",
+        "# the MIG Manager's config.yaml (mig-parted's format), for its ConfigMap",
         description["mig_parted"].rstrip(),
         "",
         "# pool-file fragments: each node's mig: entry",
         description["pool_file"].rstrip(),
     ]
-    return "\n".join(lines)
 
 
 def layout_text_of(placements: list[str]) -> str:

@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 from test_telemetry_api import USERS, Client, Service
 from token_hub import token_hub
 
+from gpupool.spawner.backends import discovery
 from gpupool.spawner.backends.simulated import DEMO_POOL, load_pool_file, parse_pool
 from gpupool.spawner.cli import main
 from gpupool.spawner.client.connection import Connection
-from gpupool.spawner.mig_report import describe_advice, mig_parted_config, pool_fragment
+from gpupool.spawner.mig_report import describe_advice, mig_parted_config, pool_fragment, render_advice
 from gpupool.spawner.pool import mig
 from gpupool.spawner.pool.mig_advice import Ask, MigGpu, advise, ask_for, demand_of, mig_gpus, scaled_demand
 from gpupool.spawner.pool.mig_layouts import candidate_layouts, combo_of
@@ -168,15 +169,63 @@ def test_the_cli_advises_from_the_committed_sample(capsys: pytest.CaptureFixture
     assert "demand (MIG slices asked for): 7g.80gb ×1, 4g.40gb ×1, 3g.40gb ×1" in out
     assert "GPU-equivalents served: 0.43 of 2 → 2 of 2" in out and "asks waiting: 2 → 0" in out
     assert "gpupool never changes a MIG layout" in out and "version: v1" in out and "mig:" in out
+    assert "2 GPU(s) on 1 node(s) to change" in out and "NODE" not in out
+    assert "  kubectl label node dgx-h100-01 nvidia.com/mig.config=gpupool-dgx-h100-01 --overwrite\n" in out
+    assert "# the MIG Manager's config.yaml (mig-parted's format), for its ConfigMap\nversion: v1" in out
     assert main(["mig", "advise", "--trace", str(PODS), "--pool", str(DEMO_POOL), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["after"]["served_gpus"] >= data["before"]["served_gpus"]
 
 
-def test_pool_without_trace_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+def test_advice_that_changes_nothing_says_so_and_no_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    nodes = load_pool_file(DEMO_POOL)
+    gpus = mig_gpus(nodes)
+    exact = [MigSlice("3g.40gb")] * 2 + [MigSlice("2g.20gb")] * 3 + [MigSlice("1g.10gb")]
+    demand = demand_of([Request(1000, 1024, need) for need in exact], {g.product for g in gpus})
+    text = render_advice(describe_advice(advise(gpus, demand), "a test"))
+    assert "Nothing to change: the current layouts of the 2 MIG GPU(s) serve this demand" in text
+    assert "empty each GPU" not in text and "kubectl" not in text and "config.yaml" not in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--pool", str(DEMO_POOL)], "--pool goes with --trace"),
+        (["--load", "2"], "--load goes with --trace"),
+        (["--trace", str(PODS), "--url", "http://x/services/gpupool/"], "--trace does not go with --url:"),
+        (["--trace", str(PODS), "--token", "t"], "--trace does not go with --token:"),
+        (["--trace", str(PODS), "--url", "u", "--token", "t"], "--trace does not go with --url, --token:"),
+        (["--trace", str(PODS), "--state-dir", "s"], "--trace does not go with --state-dir:"),
+    ],
+)
+def test_an_option_of_the_other_source_is_refused_in_one_line_naming_it(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_:
-        main(["mig", "advise", "--pool", str(DEMO_POOL)])
-    assert exit_.value.code == 2 and "--pool goes with --trace" in capsys.readouterr().err
+        main(["mig", "advise", *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and named in err and err.count("\n") == 1, err
+
+
+def test_a_missing_trace_fails_before_any_pool_is_looked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def never(*_args: object) -> None:
+        raise AssertionError("the pool was looked for before the trace was read")
+
+    monkeypatch.setattr(discovery, "discover_pool", never)
+    assert main(["mig", "advise", "--trace", str(tmp_path / "missing.csv")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"gpupool: {tmp_path / 'missing.csv'}: cannot read (No such file or directory)\n"
+
+
+def test_the_demo_pool_note_is_said_once_on_stderr_apart_from_the_advice(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["mig", "advise", "--trace", str(PODS)]) == 0  # no NVIDIA driver on test machines
+    captured = capsys.readouterr()
+    assert captured.err.count("showing the simulated demo pool instead") == 1
+    assert "NVIDIA" not in captured.out and captured.out.startswith("MIG advice for 2 GPU(s)")
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import pytest
 from builders import gpu, node
 
 from gpupool.spawner.bench.mig_bench import (
+    MigRun,
     MigSetup,
     alternatives,
     mig_cluster,
@@ -18,7 +19,7 @@ from gpupool.spawner.bench.mig_bench import (
     run_mig_placement,
 )
 from gpupool.spawner.bench.placement import run_placement
-from gpupool.spawner.bench.trace import load_nodes, load_pods
+from gpupool.spawner.bench.trace import TracePod, load_nodes, load_pods
 from gpupool.spawner.cli import main
 from gpupool.spawner.pool import mig
 from gpupool.spawner.pool.devices import GpuMode
@@ -32,15 +33,62 @@ ON_SAMPLE = ["bench", "mig", "--nodes", str(NODES), "--pods", str(PODS)]
 A100 = mig.geometry("A100-80GB")
 
 
+COLUMNS = (
+    "| policy | seeds | alloc @100 | alloc @130 | alloc @130 without MIG | asked by placed @130 | tasks on MIG | "
+    "MIG GPUs held | stranded slices @130 | stranded compute @130 |"
+)
+COUNTS = (6, 8)  # tasks on MIG, stranded slices: the cells after policy and seeds that are counts
+
+
+def _rows(out: str) -> dict[str, list[str]]:
+    return {
+        cells[0]: cells[1:]
+        for line in out.splitlines()
+        if line.startswith("| ") and not line.startswith("| policy")
+        for cells in [[c.strip() for c in line.split("|")[1:-1]]]
+    }
+
+
 def test_the_cli_prints_allocation_and_stranded_slices_per_policy(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*ON_SAMPLE, "--mig-share", "0.3", "--mig-layout", "all-balanced", "--seeds", "42-43"]) == 0
     out = capsys.readouterr().out
-    assert "A100-80GB GPUs by seed, all-balanced; --mig-share 0.3" in out
-    assert "| policy | seeds | alloc @100 | alloc @130 |" in out and "stranded slices @130" in out
-    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    heading, legend = out.splitlines()[:2]
+    assert "A100-80GB GPUs by seed, all-balanced; --mig-share 0.3); mean over seeds 42–43" in heading
+    assert "Percent of the cluster's GPU capacity: alloc @100, @130" in legend
+    assert (
+        "Percent of the MIG GPUs' capacity: MIG GPUs held" in legend
+        and "Counts: tasks on MIG, stranded" in legend
+    )
+    assert "stranded compute (the stranded slices' compute share)" in legend
+    assert COLUMNS in out
+    rows = _rows(out)
     for policy in ("gpupool", "fgd", "best-fit", "first-fit"):
-        cells = [c.strip() for c in rows[policy].split("|")[2:-1]]
-        assert cells[0] == "42,43" and all(re.fullmatch(r"\d+\.\d\d", c) for c in cells[1:]), rows[policy]
+        cells = rows[policy]
+        assert cells[0] == "42,43", cells
+        for at, cell in enumerate(cells[1:], start=2):  # means over two seeds: counts with one decimal
+            assert re.fullmatch(r"\d+\.\d" if at in COUNTS else r"\d+\.\d\d", cell), (policy, at, cell)
+
+
+def test_the_table_is_the_json_runs_and_counts_are_whole_for_one_seed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = [*ON_SAMPLE, "--policy", "gpupool", "--mig-layout", "all-4g"]
+    assert main(argv) == 0
+    cells = _rows(capsys.readouterr().out)["gpupool"]
+    assert main([*argv, "--json"]) == 0
+    (run,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert cells[1:] == [
+        f"{run['alloc_pct']['100']:.2f}",
+        f"{run['alloc_pct']['130']:.2f}",
+        f"{run['alloc_without_mig_pct']['130']:.2f}",
+        f"{run['asked_by_placed_pct']:.2f}",
+        str(run["tasks_on_mig"]),
+        f"{run['mig_gpus_held_pct']:.2f}",
+        str(run["stranded_slices"]),
+        f"{run['stranded_compute_pct']:.2f}",
+    ]
+    nodes, pods = load_nodes(NODES), load_pods(PODS)
+    assert run["alloc_without_mig_pct"] == run_placement(nodes, pods, "gpupool", 42).alloc_pct
 
 
 def test_without_mig_nodes_it_is_the_placement_benchmark_exactly() -> None:
@@ -119,9 +167,37 @@ def test_json_runs_count_stranded_slices_among_the_mig_instances(capsys: pytest.
     argv = [*ON_SAMPLE, "--policy", "fgd", "--mig-layout", "all-3g", "--json"]
     assert main(argv) == 0
     (run,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert run["mig_gpus"] > 0 and 0 <= run["stranded"] <= 2 * run["mig_gpus"]  # all-3g: two per GPU
-    assert run["placed"] + run["failed"] == run["pods"] and run["on_mig"] <= run["placed"]
-    assert run["served_pct"] <= run["alloc_pct"]["130"] + 1  # a task never holds less than it asked
+    assert run["mig_gpus"] > 0 and 0 <= run["stranded_slices"] <= 2 * run["mig_gpus"]  # all-3g: two per GPU
+    assert run["placed"] + run["failed"] == run["pods"] and run["tasks_on_mig"] <= run["placed"]
+    assert run["asked_by_placed_pct"] <= run["alloc_pct"]["130"] + 1  # a task never holds less than it asked
+
+
+def _one_mig_node(milli: int, layout: str) -> MigRun:
+    """Two GPUs made A100-80GB in ``layout``, and tasks of ``milli`` each, until 130% has arrived."""
+    nodes = [node("n0", [gpu("n0", 0, "T4-16GB"), gpu("n0", 1, "T4-16GB")])]
+    pods = [TracePod(f"p{i}", Request(1000, 1024, GpuShare(milli))) for i in range(3)]
+    return run_mig_placement(nodes, pods, "first-fit", 42, MigSetup(1.0, layout))
+
+
+def _last_alloc(run: MigRun) -> float:
+    """The allocation when the last task arrived (two GPUs: arrival moves in steps too coarse for @130)."""
+    return [v for v in run.curve.values() if v is not None][-1]
+
+
+def test_compute_no_instance_covers_is_neither_held_allocated_nor_stranded() -> None:
+    four = _one_mig_node(460, "all-4g")  # one 4g.40gb per GPU: 3 of 7 compute slices in no instance
+    assert (four.mig_gpus, four.tasks_on_mig, four.stranded_slices) == (2, 2, 0)
+    assert four.mig_gpus_held_pct == _last_alloc(four) == round(100 * 4 / 7, 2)  # not 100
+    assert four.stranded_compute_pct == 0.0
+    unused = _one_mig_node(100, "all-4g")  # a 1g task: no 4g serves it, nothing is held
+    assert (unused.tasks_on_mig, unused.mig_gpus_held_pct, _last_alloc(unused)) == (0, 0.0, 0.0)
+    assert unused.stranded_slices == 2 and unused.stranded_compute_pct == round(100 * 4 / 7, 2)  # not 100
+    ones = _one_mig_node(100, "all-1g.20gb")  # four 1g.20gb: 3 of 7 slices in no instance
+    assert (ones.mig_gpus_held_pct, ones.stranded_slices, ones.stranded_compute_pct) == (
+        0.0,
+        8,
+        round(400 / 7, 2),
+    )
 
 
 def test_a_bad_layout_or_policy_is_one_line_naming_the_choices(capsys: pytest.CaptureFixture[str]) -> None:

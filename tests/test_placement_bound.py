@@ -95,7 +95,10 @@ def test_the_cli_says_the_bound_in_words(capsys: pytest.CaptureFixture[str]) -> 
     argv = ["bench", "placement", "--nodes", str(NODES), "--pods", str(PODS), "--policy", "fgd", "--bound"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "no placement of the 336 GPU tasks that arrived could allocate more than 99.97% of GPU capacity" in out
+    assert (
+        "no placement of the 336 GPU tasks that arrived could allocate more than 99.97% of GPU capacity"
+        in out
+    )
     assert "239 GPUs" in out
     assert main([*argv, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -14,9 +14,10 @@ so the benchmark asks the policy about each alternative and takes the one its ow
 lower node rank, as the policy itself breaks them); ``random`` picks among all fitting nodes alike. Tasks
 that name trace GPU models, and multi-GPU tasks, keep to those GPUs.
 
-Allocation counts a MIG instance by its compute share (a 3g is 3/7 of a GPU, the GPU-equivalent); stranded
-slices are the MIG instances still free once 130% of capacity has arrived, when far more is asked than the
-cluster holds.
+Allocation counts a MIG instance a placed task holds by its compute share (a 3g is 3/7 of a GPU, the
+GPU-equivalent); compute no instance covers (the 3/7 of a GPU an ``all-4g`` layout leaves) is never counted as
+held. Stranded slices are the MIG instances still free at the end, once ``inflate`` × capacity has arrived,
+when far more is asked than the cluster holds. :func:`run_with_baseline` adds the same seed without MIG nodes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from ..pool.devices import FULL_MILLI, Gpu, GpuMode, MigInstance, Node
 from ..pool.mig import Geometry, Placement, geometry, profile_memory_gb
@@ -58,27 +60,29 @@ class MigSetup:
 
 @dataclass
 class MigRun:
-    """One run; percentages are of the cluster's GPU capacity unless they say otherwise."""
+    """One run. Each figure is a column of ``gpupool bench mig``'s table (:mod:`.mig_table`), named alike:
+    percentages are of the whole cluster's GPU capacity, except ``mig_gpus_held_pct`` (of the MIG GPUs'); the
+    end is when ``inflate`` × capacity has arrived."""
 
     policy: str
     seed: int
     mig_share: float
     layout: str
     product: str
+    inflate: float
     mig_nodes: int
     mig_gpus: int
     pods: int
     placed: int
     failed: int
-    alloc_pct: dict[str, float | None]
-    served_pct: (
-        float  # what the placed tasks asked for, at the end: below the allocation by MIG's rounding up
-    )
-    on_mig: int  # tasks placed on a MIG instance
-    mig_used_pct: float  # of the MIG GPUs' capacity, held at the end
-    stranded: int  # MIG instances free at the end
-    stranded_pct: float  # their GPU-equivalents, of the whole cluster's capacity
+    alloc_pct: dict[str, float | None]  # "alloc @100", "alloc @130"
+    asked_by_placed_pct: float  # "asked by placed @end": below the allocation by what MIG rounds up
+    tasks_on_mig: int  # "tasks on MIG": placed on a MIG instance
+    mig_gpus_held_pct: float  # "MIG GPUs held": the compute of the instances placed tasks hold
+    stranded_slices: int  # "stranded slices @end": MIG instances free at the end
+    stranded_compute_pct: float  # "stranded compute @end": their compute
     seconds: float
+    alloc_without_mig_pct: dict[str, float | None] | None = None  # "alloc @130 without MIG": --mig-share 0
     curve: dict[int, float | None] = field(repr=False, default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
@@ -216,7 +220,7 @@ def run_mig_placement(
             on_mig += isinstance(allocation.request.gpu, MigSlice)
         samples.setdefault(round(arrived / capacity * 100), []).append(round(used / capacity * 100, 2))
 
-    mig_total, mig_free, free_instances = _mig_standing(state, geo)
+    standing = _mig_standing(state, geo)
     curve = {x: mean_near(samples, x) for x in range(round(inflate * 100) + 1)}
     return MigRun(
         policy=policy,
@@ -224,22 +228,38 @@ def run_mig_placement(
         mig_share=setup.share,
         layout=setup.layout,
         product=setup.product,
+        inflate=inflate,
         mig_nodes=sum(1 for ns in state.nodes if ns.gpus and ns.gpus[0].mode is GpuMode.MIG),
-        mig_gpus=mig_total,
+        mig_gpus=standing.gpus,
         pods=len(arrival),
         placed=len(arrival) - failed,
         failed=failed,
         alloc_pct={str(x): curve.get(x) for x in CHECKPOINTS},
-        served_pct=round(served / capacity * 100, 2),
-        on_mig=on_mig,
-        mig_used_pct=round(100 * (mig_total * FULL_MILLI - mig_free) / (mig_total * FULL_MILLI), 2)
-        if mig_total
+        asked_by_placed_pct=round(served / capacity * 100, 2),
+        tasks_on_mig=on_mig,
+        mig_gpus_held_pct=round(100 * standing.held_milli / (standing.gpus * FULL_MILLI), 2)
+        if standing.gpus
         else 0.0,
-        stranded=free_instances,
-        stranded_pct=round(mig_free / capacity * 100, 2),
+        stranded_slices=standing.free,
+        stranded_compute_pct=round(standing.free_milli / capacity * 100, 2),
         seconds=round(time.perf_counter() - began, 2),
         curve=curve,
     )
+
+
+def run_with_baseline(
+    nodes: list[Node], pods: list[TracePod], policy: str, seed: int, setup: MigSetup, inflate: float = 1.3
+) -> MigRun:
+    """:func:`run_mig_placement`, with ``alloc_without_mig_pct`` from the same seed and policy without MIG
+    nodes (the placement benchmark's run; a share of 0 is its own)."""
+    run = run_mig_placement(nodes, pods, policy, seed, setup, inflate)
+    plain = (
+        run
+        if setup.share == 0
+        else run_mig_placement(nodes, pods, policy, seed, replace(setup, share=0.0), inflate)
+    )
+    run.alloc_without_mig_pct = dict(plain.alloc_pct)
+    return run
 
 
 def _held_milli(allocation: Allocation, geo: Geometry) -> float:
@@ -250,17 +270,29 @@ def _held_milli(allocation: Allocation, geo: Geometry) -> float:
     return float(sum(g.milli for g in allocation.grants))
 
 
-def _mig_standing(state: PoolState, geo: Geometry) -> tuple[int, float, int]:
-    """MIG GPUs, the milli of their free instances (by compute share), and how many instances are free."""
-    gpus = 0
-    free_milli = 0.0
-    free = 0
+class MigStanding(NamedTuple):
+    """The MIG GPUs at the end: how many, the compute their taken and free instances hold (in milli, by
+    compute share), and how many instances are free. Compute no instance covers is in neither."""
+
+    gpus: int
+    held_milli: float
+    free_milli: float
+    free: int
+
+
+def _mig_standing(state: PoolState, geo: Geometry) -> MigStanding:
+    gpus = free = 0
+    held_milli = free_milli = 0.0
     for ns in state.nodes:
         for position, gpu in enumerate(ns.gpus):
-            if gpu.mode is GpuMode.MIG:
-                gpus += 1
-                for index in ns.mig_free[position]:
+            if gpu.mode is not GpuMode.MIG:
+                continue
+            gpus += 1
+            for index, instance in enumerate(gpu.mig_instances):
+                milli = FULL_MILLI * compute_slices(instance.profile) / geo.compute_slices
+                if index in ns.mig_free[position]:
                     free += 1
-                    slices = compute_slices(gpu.mig_instances[index].profile)
-                    free_milli += FULL_MILLI * slices / geo.compute_slices
-    return gpus, free_milli, free
+                    free_milli += milli
+                else:
+                    held_milli += milli
+    return MigStanding(gpus, held_milli, free_milli, free)

@@ -24,13 +24,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from ..names import API_PATH, SERVICE_FILE, SERVICE_PREFIX, UP_STATE
+from ..names import API_PATH, EXAMPLE_URL, SERVICE_FILE, TOKEN_ENV, UP_STATE, URL_ENV
 from . import errors
 from .errors import GpupoolError
 
-URL_ENV = "GPUPOOL_SERVICE_URL"
-TOKEN_ENV = "JUPYTERHUB_API_TOKEN"
-EXAMPLE_URL = f"http://127.0.0.1:8000{SERVICE_PREFIX}"
+__all__ = ["EXAMPLE_URL", "TOKEN_ENV", "URL_ENV", "Connection", "local_service", "locate", "loopback"]
 
 # One client per event loop: a client's connections belong to the loop that opened them.
 _ASYNC_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (

@@ -2,7 +2,8 @@
 
 The service answers a refusal with a Problem body (``{"error": "quota_exceeded", "detail": "…"}``); the
 ``detail`` is the sentence a user reads, so it is the error's message. A service that cannot be reached is
-status 0, as is a client that is not configured: both are the user's to fix, never a crash of ours.
+status 0, as is a client that is not configured: both are the user's to fix, never a crash of ours. Where the
+remedy is the caller's, the message says it: a URL without the service's prefix, a call that needs an admin.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+
+from ..names import ADMIN_REQUIRED, API_PATH, EXAMPLE_URL, SERVICE_PREFIX, TOKEN_ENV
 
 
 class GpupoolError(RuntimeError):
@@ -36,7 +39,26 @@ def raise_for_problem(response: httpx.Response) -> None:
         error, detail = str(body.get("error", "error")), str(body.get("detail", response.text))
     except (ValueError, AttributeError):  # not JSON, or JSON that is not a Problem object
         error, detail = "error", f"{response.status_code} {response.reason_phrase} from {response.url}"
-    raise GpupoolError(response.status_code, error, detail)
+    raise GpupoolError(response.status_code, error, detail + _hint(response, error))
+
+
+def _hint(response: httpx.Response, error: str) -> str:
+    """What the user can do about a refusal whose remedy is theirs, not the service's: a URL without the
+    service's prefix (the proxy's redirect to the hub, a 404 of the service's root), or a call only
+    administrators make."""
+    if error == ADMIN_REQUIRED:
+        return (
+            f"; pass an admin's JupyterHub API token as --token or in {TOKEN_ENV} (token=… in Python): an "
+            "admin makes one on the hub's token page, /hub/token"
+        )
+    try:
+        url = str(response.request.url)
+    except RuntimeError:  # a response made without its request says nothing of where it went
+        return ""
+    base = url[: url.find(f"/{API_PATH}/") + 1] if f"/{API_PATH}/" in url else url
+    if base.endswith(SERVICE_PREFIX):
+        return ""
+    return f"; is {base} the gpupool service? Its URL ends in {SERVICE_PREFIX}, e.g. {EXAMPLE_URL}"
 
 
 def answer(response: httpx.Response) -> Any:

@@ -9,8 +9,8 @@ Status codes, mapped once in :func:`_problem_handlers`:
 
 - 400 — a body or field the API cannot use (``fields`` names it), or an unknown profile (the detail lists the
   valid slugs);
-- 401 — no token; 403 — a token the hub refuses, a missing scope, a profile the user's groups may not use,
-  or a quota (``error: "quota_exceeded"``, the detail names the limit: releasing a lease, not waiting, is
+- 401 — no token; 403 — a token the hub refuses, a missing scope (``error: "admin_required"`` for a call only
+  administrators make), a profile the user's groups may not use, or a quota (``error: "quota_exceeded"``, the detail names the limit: releasing a lease, not waiting, is
   what helps, so it is not a 429);
 - 403 also for a lease of another user (whose it is is not said), 404 — no such lease;
 - 409 — a profile this pool can never serve (queueing it would wait forever).
@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ...names import ADMIN_REQUIRED
 from ...pool.profiles import UnknownProfile
 from ...pool.quotas import QuotaExceeded
 from ..leasing.lease_manager import NeverFits
@@ -40,6 +41,7 @@ from . import (
     telemetry_routes,
     usage_routes,
 )
+from .auth import AdminRequired
 from .context import ServiceParts
 from .models import Problem
 
@@ -186,9 +188,13 @@ def _problem_handlers(app: FastAPI) -> None:
     async def not_found(_request: Request, exc: Exception) -> JSONResponse:
         return problem(404, "not_found", str(exc))
 
+    async def admin_required(_request: Request, exc: Exception) -> JSONResponse:
+        return problem(403, ADMIN_REQUIRED, str(exc))
+
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(UnknownProfile, unknown_profile)
     app.add_exception_handler(QuotaExceeded, quota)
     app.add_exception_handler(NeverFits, never)
     app.add_exception_handler(LeaseNotFound, not_found)
+    app.add_exception_handler(AdminRequired, admin_required)

@@ -39,6 +39,11 @@ ADMIN_SCOPE = "custom:gpupool:admin"
 XSRF_HEADER = "X-XSRFToken"  # JupyterHub's own name for it
 
 
+class AdminRequired(Exception):
+    """A call only administrators may make, by a caller whose token lacks ``custom:gpupool:admin``: a 403
+    whose error is :data:`...names.ADMIN_REQUIRED`."""
+
+
 @dataclass(frozen=True)
 class Caller:
     """The owner of the request's token, as the hub described it."""
@@ -66,6 +71,11 @@ class Caller:
     def may_see(self, owner: str) -> bool:
         """Whether this caller may read or act on what belongs to ``owner`` (a lease, a job, a warning)."""
         return self.sees_everyone or (self.kind == "user" and owner == self.name)
+
+    def check_admin(self, what: str) -> None:
+        """:class:`AdminRequired` unless this caller is an administrator; ``what`` ends "may not …"."""
+        if not self.is_admin:
+            raise AdminRequired(f"{self.kind} {self.name} may not {what}: it needs {ADMIN_SCOPE}")
 
     def check_may_see(self, owner: str, what: str) -> None:
         """403 unless :meth:`may_see` allows ``what`` (``lease X``, ``job Y``); whose it is is not said."""

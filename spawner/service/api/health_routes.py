@@ -18,7 +18,7 @@ annotations`` here: FastAPI must evaluate the route signatures.
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -66,29 +66,21 @@ class MarkOut(BaseModel):
 router = APIRouter(prefix="/admin")
 
 
-def _admin_only(caller: Caller, what: str) -> None:
-    if not caller.is_admin:
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN,
-            f"{caller.kind} {caller.name} may not {what}: it needs custom:gpupool:admin",
-        )
-
-
 @router.post("/drain", response_model=MarkedOut, summary="Drain a node or GPU: no new work; jobs requeued")
 async def post_drain(body: DeviceRequest, parts: PartsDep, caller: CallerDep) -> Any:
-    _admin_only(caller, "drain")
+    caller.check_admin("drain")
     return _marked(parts, body, caller, parts.health.drain)
 
 
 @router.post("/undrain", response_model=HealthOut, summary="Undrain a node or GPU; queued work is admitted")
 async def post_undrain(body: DeviceRequest, parts: PartsDep, caller: CallerDep) -> Any:
-    _admin_only(caller, "undrain")
+    caller.check_admin("undrain")
     return _lifted(body, parts.health.undrain)
 
 
 @router.post("/faults", response_model=MarkedOut, summary="Mark a node or GPU unhealthy until it is repaired")
 async def post_fault(body: DeviceRequest, parts: PartsDep, caller: CallerDep) -> Any:
-    _admin_only(caller, "mark devices unhealthy")
+    caller.check_admin("mark devices unhealthy")
     return _marked(parts, body, caller, parts.health.fault)
 
 
@@ -96,7 +88,7 @@ async def post_fault(body: DeviceRequest, parts: PartsDep, caller: CallerDep) ->
     "/repair", response_model=HealthOut, summary="A node or GPU was repaired: lift its unhealthy marks"
 )
 async def post_repair(body: DeviceRequest, parts: PartsDep, caller: CallerDep) -> Any:
-    _admin_only(caller, "repair")
+    caller.check_admin("repair")
     return _lifted(body, parts.health.repair)
 
 
@@ -125,7 +117,7 @@ def _lifted(body: DeviceRequest, lift: Callable[[str, int | None], Health]) -> A
 
 @router.get("/health", summary="Drained and unhealthy nodes and GPUs, why, and the leases on them")
 async def get_health(parts: PartsDep, caller: CallerDep) -> list[MarkOut]:
-    _admin_only(caller, "read pool health")
+    caller.check_admin("read pool health")
     manager = parts.manager
     marks = sorted(
         manager.health_marks().items(),

@@ -116,11 +116,7 @@ async def get_logs(
 )
 async def requeue_job(job_id: str, parts: PartsDep, caller: CallerDep) -> JobOut:
     """What preemption does, by hand: to make room, or to move a job off a node about to be serviced."""
-    if not caller.is_admin:
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN,
-            f"{caller.kind} {caller.name} may not requeue jobs: it needs custom:gpupool:admin",
-        )
+    caller.check_admin("requeue jobs")
     jobs = parts.jobs
     job = jobs.get(job_id)
     if job.state is not JobState.RUNNING:

@@ -10,7 +10,7 @@ seconds recomputes it only when the pool's layouts or the leases change.
 import functools
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter
 
 from ...mig_report import describe_advice
 from ...pool.mig_advice import Advice, Ask, MigGpu, advise, demand_of, mig_gpus
@@ -41,9 +41,5 @@ def _advice(gpus: tuple[MigGpu, ...], demand: tuple[tuple[Ask, int], ...]) -> Ad
 async def get_mig_advice(parts: PartsDep, caller: CallerDep) -> dict[str, Any]:
     """Each MIG GPU's layout now and advised, the figures replayed on the demand, a mig-parted config and
     pool-file fragments. Advice only: gpupool never changes a layout."""
-    if not caller.is_admin:
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN,
-            f"{caller.kind} {caller.name} may not read MIG advice: it needs custom:gpupool:admin",
-        )
+    caller.check_admin("read MIG advice")
     return describe_advice(live_advice(parts.manager), LIVE_SOURCE)
