@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from readme_table import write_between
+
 README_START = "<!-- placement-scale: written by benchmarks/placement_scale.py -->"
 README_END = "<!-- /placement-scale -->"
 
@@ -72,11 +74,7 @@ def main() -> None:
     (args.out / "placement_scale.md").write_text(table)
     print(table)
     if args.readme:
-        readme = Path(args.readme)
-        before, rest = readme.read_text().split(README_START, 1)
-        after = rest.split(README_END, 1)[1]
-        readme.write_text(f"{before}{README_START}\n{table}{README_END}{after}")
-        print(f"updated {readme}")
+        write_between(Path(args.readme), README_START, README_END, table)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,12 @@ import csv
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
+
+from readme_table import write_between
 
 from gpupool.spawner.bench.bound import arrived_tasks, placement_bound
 from gpupool.spawner.bench.placement import run_placement
@@ -83,27 +86,18 @@ def main() -> None:
         if (workload, policy, seed) not in done
     ]
     print(f"{len(done)} runs already in {runs_file}; {len(jobs)} to go")
-    with ProcessPoolExecutor(args.jobs) as pool, runs_file.open("a") as sink:
-        futures = [pool.submit(_run, args.trace, *job) for job in jobs]
-        for number, future in enumerate(as_completed(futures), start=1):
-            result = future.result()
-            sink.write(json.dumps(result) + "\n")
-            sink.flush()
-            print(
-                f"[{number}/{len(jobs)}] {result['workload']} {result['policy']} seed {result['seed']}: "
-                f"{result['alloc_pct']['130']}% at 130%",
-                flush=True,
-            )
+    _run_all(
+        [(_run, (args.trace, *job)) for job in jobs],
+        runs_file,
+        args.jobs,
+        lambda r: f"{r['workload']} {r['policy']} seed {r['seed']}: {r['alloc_pct']['130']}% at 130%",
+    )
     _add_bounds(args.trace, out / "bounds.jsonl", _read_runs(runs_file), args.jobs)
     table = summarise(_read_runs(runs_file), _reference(args.reference), _read_runs(out / "bounds.jsonl"))
     (out / "placement.md").write_text(table)
     print(f"wrote {out / 'placement.md'}")
     if args.readme:
-        readme = Path(args.readme)
-        before, rest = readme.read_text().split(README_START, 1)
-        after = rest.split(README_END, 1)[1]
-        readme.write_text(f"{before}{README_START}\n{table}{README_END}{after}")
-        print(f"updated {readme}")
+        write_between(Path(args.readme), README_START, README_END, table)
 
 
 def _add_bounds(trace: str, bounds_file: Path, runs: list[dict[str, Any]], jobs: int) -> None:
@@ -112,17 +106,29 @@ def _add_bounds(trace: str, bounds_file: Path, runs: list[dict[str, Any]], jobs:
     wanted = sorted({(str(r["workload"]), int(r["seed"])) for r in runs if r["policy"] == "gpupool"})
     missing = [(w, s) for w, s in wanted if (w, s) not in done and (Path(trace) / f"{w}.csv").exists()]
     print(f"{len(done)} bounds already in {bounds_file}; {len(missing)} to go")
-    with ProcessPoolExecutor(jobs) as pool, bounds_file.open("a") as sink:
-        futures = [pool.submit(_bound, trace, w, s) for w, s in missing]
+    _run_all(
+        [(_bound, (trace, w, s)) for w, s in missing],
+        bounds_file,
+        jobs,
+        lambda r: f"{r['workload']} seed {r['seed']}: bound {r['percent']}% ({r['seconds']} s)",
+    )
+
+
+def _run_all(
+    calls: list[tuple[Callable[..., dict[str, Any]], tuple[Any, ...]]],
+    sink_path: Path,
+    jobs: int,
+    describe: Callable[[dict[str, Any]], str],
+) -> None:
+    """Each call in ``jobs`` processes, its result appended to ``sink_path`` as it finishes (so a stopped
+    table resumes where it was) and described on the terminal."""
+    with ProcessPoolExecutor(jobs) as pool, sink_path.open("a") as sink:
+        futures = [pool.submit(function, *arguments) for function, arguments in calls]
         for number, future in enumerate(as_completed(futures), start=1):
             result = future.result()
             sink.write(json.dumps(result) + "\n")
             sink.flush()
-            print(
-                f"[{number}/{len(missing)}] {result['workload']} seed {result['seed']}: bound {result['percent']}% "
-                f"({result['seconds']} s)",
-                flush=True,
-            )
+            print(f"[{number}/{len(calls)}] {describe(result)}", flush=True)
 
 
 def _seeds(text: str) -> list[int]:
