@@ -196,6 +196,32 @@ def test_a_run_started_just_before_a_crash_is_found_by_its_environment_not_start
     assert again.get(job.id).state is JobState.SUCCEEDED
 
 
+class _ServiceKilled(BaseException):
+    """The service's process ending where it stands, as a kill -9 would."""
+
+
+def test_a_crash_between_recording_a_run_and_starting_it_requeues_the_job_without_using_a_retry(
+    tmp_path: Path, user: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = managers(tmp_path)
+    job, _ = jobs.submit(user, [], sh("echo ran", retries=0))
+
+    def killed(*args: object) -> None:
+        raise _ServiceKilled
+
+    monkeypatch.setattr(jobs.runner, "launch", killed)
+    with pytest.raises(_ServiceKilled):
+        jobs.step()  # the run is recorded as running, then the service dies before starting it
+    assert jobs.get(job.id).state is JobState.RUNNING and jobs.get(job.id).pid is None
+    again = managers(tmp_path)
+    until(again, lambda: again.get(job.id).state.finished, "the job to run after the restart")
+    done = again.get(job.id)
+    assert done.state is JobState.SUCCEEDED, done.history
+    assert any(t.reason.startswith("never started") for t in done.history), done.history
+    assert again.read_log(done).decode().split() == ["ran"]  # once: the first attempt never ran
+    assert again.leases.pool.allocations == {}
+
+
 def test_a_gpu_fault_requeues_the_training_job_which_resumes_from_its_checkpoint(
     tmp_path: Path, user: str
 ) -> None:

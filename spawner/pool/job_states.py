@@ -78,6 +78,17 @@ def priority_of(priority_class: str) -> int:
         raise UnknownPriorityClass(f"priority_class must be one of {known}, got {priority_class!r}") from None
 
 
+NEVER_STARTED = "never started"
+"""How the reason of a requeue begins when the run never began: the service stopped between recording the run
+and starting it."""
+
+
+def uses_no_retry(reason: str) -> bool:
+    """Whether a requeue for ``reason`` leaves the job's retries alone: a preemption, or a run that never
+    started. Neither is the job's failure."""
+    return is_preemption(reason) or reason.startswith(NEVER_STARTED)
+
+
 @dataclass(frozen=True)
 class Transition:
     state: JobState
@@ -139,8 +150,8 @@ class Job:
 
     @property
     def requeues(self) -> int:
-        """Runs the pool ended and put back in the queue, preemptions aside (they use no retry)."""
-        return sum(1 for t in self.history if t.state is JobState.REQUEUED and not is_preemption(t.reason))
+        """Runs the pool ended and put back in the queue, less those that use no retry (:func:`uses_no_retry`)."""
+        return sum(1 for t in self.history if t.state is JobState.REQUEUED and not uses_no_retry(t.reason))
 
     @property
     def may_requeue(self) -> bool:

@@ -28,9 +28,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from ...pool.devices import Health
-from ...pool.job_states import Job, JobState, StopRequest, priority_of
+from ...pool.job_states import Job, JobState, StopRequest, priority_of, uses_no_retry
 from ...pool.leases import Lease, LeaseState, new_lease_id
-from ...pool.preemption import is_preemption
 from ...pool.profiles import Profile, find_profile
 from ...pool.quotas import QuotaExceeded
 from ..leasing.lease_manager import LeaseManager, NeverFits
@@ -341,7 +340,7 @@ class JobManager:
 
     def _requeue(self, job: Job, now: float, reason: str, code: int | None) -> None:
         self._release(job, reason)
-        if not job.may_requeue and not is_preemption(reason):
+        if not job.may_requeue and not uses_no_retry(reason):
             said = f"{reason}; no retries left ({job.retries})"
             self.store.save(job.to(JobState.FAILED, now, said, exit_code=code))
             return
@@ -352,7 +351,7 @@ class JobManager:
             return
         said = (
             reason
-            if is_preemption(reason)
+            if uses_no_retry(reason)
             else f"{reason}; requeued (retry {job.requeues + 1} of {job.retries})"
         )
         self.store.save(

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ...limits import Limits, job_group, this_host
-from ...pool.job_states import Job, JobState, StopRequest
+from ...pool.job_states import NEVER_STARTED, Job, JobState, StopRequest
 from ...pool.leases import Lease
 from . import processes
 
@@ -181,6 +181,10 @@ class LocalRunner:
         if code is not None:
             return Outcome(code)
         process = self._processes.get(job.id)  # None after a restart: the run's start status is then unknown
+        if process is None and job.pid is None:
+            # Recorded as running, then the service stopped before it knew a pid, and no run of this attempt
+            # was found or left a status: the service died before starting it.
+            return Outcome(None, lost=f"{NEVER_STARTED}: the service stopped while starting it")
         return Outcome(None, reason=_why_no_status(job, process.poll() if process is not None else None))
 
     def finish(self, job: Job) -> None:
