@@ -223,6 +223,19 @@ class FragmentAware(ScoringPolicy):
         """Expected fragment of ``node`` were this much CPU, memory and GPU (milli per position) free."""
         return self.meter.fragment(cpu_free, gpu_views(node, free))
 
+    def forget_scores(self) -> None:
+        super().forget_scores()
+        self._fragment_now: dict[int, float] = {}  # state id -> the node's fragment in that state
+
+    def fragment_now(self, node: NodeState) -> float:
+        """The node's fragment as it stands: one per state, whatever the request (state ids are the pool's)."""
+        found = self._fragment_now.get(node.state_id)
+        if found is None:
+            found = self._fragment_now[node.state_id] = self.node_fragment(
+                node, node.cpu_free, node.mem_free, node.free
+            )
+        return found
+
     def fragment_change(
         self, node: NodeState, request: Request, option: Option, before: float | None = None
     ) -> float:
@@ -231,7 +244,7 @@ class FragmentAware(ScoringPolicy):
         ``before`` is the node's fragment now, when the caller has it already.
         """
         if before is None:
-            before = self.node_fragment(node, node.cpu_free, node.mem_free, node.free)
+            before = self.fragment_now(node)
         after_free = list(node.free)
         need = request.gpu
         if isinstance(need, GpuShare):
@@ -248,7 +261,7 @@ class FragmentAware(ScoringPolicy):
         if isinstance(request.gpu, MigSlice):
             option = tightest_option(node, request, options)
             return self.rate(node, request, option, self.fragment_change(node, request, option)), option
-        before = self.node_fragment(node, node.cpu_free, node.mem_free, node.free)
+        before = self.fragment_now(node)
         return max(
             (
                 (self.rate(node, request, o, self.fragment_change(node, request, o, before)), o)
