@@ -154,7 +154,8 @@ class PoolState:
             _, first = np.unique(self._state[in_rank_order], return_index=True)
             rows = in_rank_order[first].tolist()
         if request.gpu is None:
-            return [(self.nodes[i], [()]) for i in rows]
+            anywhere: list[Option] = [()]  # one list for every node: policies only read options
+            return [(self.nodes[i], anywhere) for i in rows]
         # Device options depend only on the GPU need and the node's devices, so nodes alike share them.
         cache = self._options.setdefault(request.gpu, {})
         found = []
@@ -197,9 +198,12 @@ class PoolState:
             reason, never = explain_refusal(self.nodes, request)
             return Refusal(request, reason, never)
         node_state, option = self.policy.select(request, candidates)
-        if not any(ns is node_state and option in options for ns, options in candidates):
+        # Checked on the chosen node alone: a scan of the candidates would cost as much as the choice.
+        if self._by_name.get(node_state.node.name) is not node_state or option not in node_state.options(
+            request
+        ):
             raise AssertionError(
-                f"policy {self.policy.name} chose {option} on {node_state.node.name}, not a candidate"
+                f"policy {self.policy.name} chose {option} on {node_state.node.name}, which cannot serve it"
             )
         node_state.take(owner, request, option)
         self._changed(node_state)
