@@ -24,6 +24,7 @@ from typing import Any
 
 from readme_table import write_between
 
+from gpupool.spawner.arg_types import seed_list
 from gpupool.spawner.bench.bound import arrived_tasks, placement_bound
 from gpupool.spawner.bench.placement import run_placement
 from gpupool.spawner.bench.trace import load_nodes, load_pods
@@ -58,8 +59,10 @@ def main() -> None:
         "--trace", required=True, help="folder with openb_node_list_gpu_node.csv and pod lists"
     )
     parser.add_argument("--out", default="benchmarks/results")
-    parser.add_argument("--seeds", default="42-44", help="e.g. 42-51")
-    parser.add_argument("--default-seeds", default="42-51", help="seeds for the default workload")
+    parser.add_argument("--seeds", type=seed_list, default="42-44", help="e.g. 42-51")
+    parser.add_argument(
+        "--default-seeds", type=seed_list, default="42-51", help="seeds for the default workload"
+    )
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--workloads", default="", help="comma-separated; default: every pod list in --trace")
     parser.add_argument("--jobs", type=int, default=2)
@@ -81,7 +84,7 @@ def main() -> None:
     jobs = [
         (workload, policy, seed)
         for workload in workloads
-        for seed in _seeds(args.default_seeds if workload == "openb_pod_list_default" else args.seeds)
+        for seed in (args.default_seeds if workload == "openb_pod_list_default" else args.seeds)
         for policy in args.policies.split(",")
         if (workload, policy, seed) not in done
     ]
@@ -129,13 +132,6 @@ def _run_all(
             sink.write(json.dumps(result) + "\n")
             sink.flush()
             print(f"[{number}/{len(calls)}] {describe(result)}", flush=True)
-
-
-def _seeds(text: str) -> list[int]:
-    if "-" in text:
-        low, high = text.split("-")
-        return list(range(int(low), int(high) + 1))
-    return [int(s) for s in text.split(",")]
 
 
 def _read_runs(path: Path) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from . import mig_command
+from .arg_types import positive, whole_number
 
 if TYPE_CHECKING:
     from .bench.bound import BoundResult
@@ -91,16 +92,3 @@ def _placement_bound(nodes: list[Node], pods: list[TracePod], args: argparse.Nam
 
     nodes, pods = scale_cluster(nodes, pods, args.scale)
     return placement_bound(nodes, arrived_tasks(nodes, pods, args.seed, args.inflate))
-
-
-def whole_number(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1 such as 3, got {text}")
-    return int(text)
-
-
-def positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number such as 1.3, got {text}")
-    return value

@@ -16,6 +16,7 @@ import json
 import sys
 from typing import Any, NoReturn
 
+from .arg_types import positive, seed_list
 from .names import UP_STATE
 
 DEFAULT_POLICIES = "gpupool,fgd,best-fit,first-fit"
@@ -30,7 +31,7 @@ def add_mig_advise(mig_commands: Any) -> None:
     advise.add_argument("--pool", metavar="FILE", help="with --trace: a pool file (default: as gpupool pool)")
     advise.add_argument(
         "--load",
-        type=float,
+        type=positive,
         help="with --trace: a trace asking more is shrunk to LOAD × the MIG GPUs' capacity, keeping its mix "
         "(default 1)",
     )
@@ -68,8 +69,8 @@ def add_bench_mig(bench_commands: Any) -> None:
     bench.add_argument(
         "--policy", default=DEFAULT_POLICIES, help=f"comma-separated (default {DEFAULT_POLICIES})"
     )
-    bench.add_argument("--seeds", default="42", help="e.g. 42, 42,43 or 42-44 (default 42)")
-    bench.add_argument("--inflate", type=float, default=1.3, help="demand as a multiple of capacity (1.3)")
+    bench.add_argument("--seeds", type=seed_list, default=[42], help="e.g. 42, 42,43 or 42-44 (default 42)")
+    bench.add_argument("--inflate", type=positive, default=1.3, help="demand as a multiple of capacity (1.3)")
     bench.add_argument("--json", action="store_true", help="one JSON object per run")
     bench.set_defaults(handler=bench_mig)
 
@@ -122,8 +123,6 @@ def _from_trace(args: argparse.Namespace) -> dict[str, Any]:
     from .pool.mig_advice import advise, demand_of, mig_gpus, scaled_demand
 
     load = 1.0 if args.load is None else args.load
-    if not load > 0:
-        _fail(f"--load: must be a positive number such as 1 or 1.3, got {load:g}")
     pods = load_pods(args.trace)  # a missing or bad trace fails before the pool is looked for
     found = discover_pool(args.pool)
     if found.note:
@@ -154,21 +153,6 @@ def _from_service(args: argparse.Namespace) -> dict[str, Any]:
     return answer
 
 
-def parse_seeds(text: str) -> list[int]:
-    """``42``, ``42,43`` or ``42-44``; a bad one names what was expected."""
-    try:
-        if "-" in text:
-            first, last = (int(part) for part in text.split("-", 1))
-            seeds = list(range(first, last + 1))
-        else:
-            seeds = [int(part) for part in text.split(",")]
-    except ValueError:
-        _fail(f"--seeds: expected e.g. 42, 42,43 or 42-44, got {text!r}")
-    if not seeds:
-        _fail(f"--seeds: {text!r} holds no seed; expected e.g. 42-44")
-    return seeds
-
-
 def bench_mig(args: argparse.Namespace) -> int:
     from .bench.mig_bench import MigSetup, run_with_baseline
     from .bench.mig_table import render_runs
@@ -181,8 +165,6 @@ def bench_mig(args: argparse.Namespace) -> int:
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
         _fail(f"--policy: unknown {', '.join(unknown) or 'empty'}; choose from {', '.join(POLICIES)}")
-    if not args.inflate > 0:
-        _fail(f"--inflate: must be a positive number such as 1.3, got {args.inflate:g}")
     try:
         setup = MigSetup(args.mig_share, args.mig_layout, args.mig_product)
     except UnknownLayout as error:
@@ -194,7 +176,7 @@ def bench_mig(args: argparse.Namespace) -> int:
     nodes, pods = load_nodes(args.nodes), load_pods(args.pods)
     runs = []
     for policy in policies:
-        for seed in parse_seeds(args.seeds):
+        for seed in args.seeds:
             run = run_with_baseline(nodes, pods, policy, seed, setup, args.inflate)
             runs.append(run)
             if args.json:
