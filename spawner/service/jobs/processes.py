@@ -31,7 +31,7 @@ import signal
 import stat
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...device_env import device_env
@@ -77,6 +77,7 @@ class Identity:
     uid: int | None = None
     gid: int | None = None
     groups: tuple[int, ...] = ()
+    kept_home: bool = field(default=False, compare=False)  # a home gpupool keeps, not a system account's
 
 
 def identity_for(
@@ -88,7 +89,7 @@ def identity_for(
         return _shared_account_identity(user, account, home_root)
     if euid != 0:
         if home_root:
-            return Identity(user, os.path.join(home_root, user))
+            return Identity(user, os.path.join(home_root, user), kept_home=True)
         try:
             return Identity(user, pwd.getpwnam(user).pw_dir)
         except KeyError:
@@ -121,12 +122,13 @@ def _shared_account_identity(user: str, account: str, home_root: str | None) -> 
     if entry.pw_uid == 0:
         raise NoSystemAccount(f"{account} is a root account here; jobs never run as root")
     home = os.path.join(home_root or entry.pw_dir, user)
-    return Identity(user, home, entry.pw_uid, entry.pw_gid)
+    return Identity(user, home, entry.pw_uid, entry.pw_gid, kept_home=True)
 
 
 def make_home(identity: Identity) -> None:
-    """Create ``identity``'s home if it is missing: private (0700), and its owner's when it has a uid."""
-    if os.path.isdir(identity.home):
+    """Create a home gpupool keeps if it is missing: private (0700), and its owner's when it has a uid. A
+    system account's home is the system's to make."""
+    if not identity.kept_home or os.path.isdir(identity.home):
         return
     os.makedirs(identity.home, 0o700, exist_ok=True)
     if identity.uid is not None and os.geteuid() == 0:

@@ -135,11 +135,9 @@ class LocalRunner:
 
     def identity(self, user: str) -> processes.Identity:
         identity = processes.identity_for(user, home_root=self.home_root, account=self.account)
-        root = os.geteuid() == 0
-        if (root and self.account) or (not root and self.home_root):
-            # A home gpupool keeps (not a system account's) is made on first use, as a first server makes
-            # it: a user's first job may come before their first server.
-            processes.make_home(identity)
+        # A home gpupool keeps is made on first use, as a first server makes it: a user's first job may come
+        # before their first server.
+        processes.make_home(identity)
         return identity
 
     def launch(self, job: Job, lease: Lease, identity: processes.Identity) -> Launched:
