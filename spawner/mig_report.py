@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
+from .pool.mig import largest_first
 from .pool.mig_advice import Advice, GpuAdvice
-from .pool.mig_layouts import combo_of
 
 
 def config_name(node: str) -> str:
@@ -32,7 +32,7 @@ def mig_parted_config(advice: Advice) -> dict[str, Any]:
     for node, gpus in groupby(advice.gpus, key=lambda g: g.gpu.node):
         by_layout: dict[tuple[str, ...], list[int]] = {}
         for gpu in gpus:
-            by_layout.setdefault(combo_of(p.profile for p in gpu.advised), []).append(gpu.gpu.index)
+            by_layout.setdefault(largest_first(p.profile for p in gpu.advised), []).append(gpu.gpu.index)
         configs[config_name(node)] = [
             {"devices": sorted(indices), "mig-enabled": True, "mig-devices": dict(Counter(combo))}
             for combo, indices in by_layout.items()

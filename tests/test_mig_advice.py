@@ -22,8 +22,9 @@ from gpupool.spawner.cli import main
 from gpupool.spawner.client.connection import Connection
 from gpupool.spawner.mig_report import describe_advice, mig_parted_config, pool_fragment, render_advice
 from gpupool.spawner.pool import mig
+from gpupool.spawner.pool.mig import largest_first
 from gpupool.spawner.pool.mig_advice import Ask, MigGpu, advise, ask_for, demand_of, mig_gpus, scaled_demand
-from gpupool.spawner.pool.mig_layouts import candidate_layouts, combo_of
+from gpupool.spawner.pool.mig_layouts import candidate_layouts
 from gpupool.spawner.pool.requests import GpuShare, MigSlice, Request, WholeGpus
 
 PODS = Path(__file__).parent / "data" / "trace" / "pods_sample.csv"
@@ -94,7 +95,7 @@ def test_unmet_demand_gets_the_layouts_that_serve_it_and_spare_slices_are_not_st
     advice = advise(gpus, Counter({_ask("H100-80GB", "1g.10gb"): 7}))
     assert (advice.before.served, advice.before.stranded) == (0, 2)  # two 3g free while seven 1g asks wait
     assert (advice.after.served, advice.after.stranded) == (7, 0)
-    assert combo_of(p.profile for p in advice.gpus[0].advised) == ("1g.10gb",) * 7
+    assert largest_first(p.profile for p in advice.gpus[0].advised) == ("1g.10gb",) * 7
     few = advise(gpus, Counter({_ask("H100-80GB", "3g.40gb"): 1}))
     assert few.before.free == 1 and few.before.stranded == 0 and not few.gpus[0].changed  # spare, kept
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..pool.devices import Gpu, GpuMode, Node
+from ..pool.mig import profile_compute_slices
 from ..telemetry.samples import Sample, Snapshot
 
 PidsOf = Callable[[], Mapping[str, Collection[int]]]
@@ -78,7 +79,7 @@ class SimulatedSampler:
                 if gpu.mode is not GpuMode.MIG:
                     self._devices.append(_Device(gpu.uuid, node.name, gpu, None, gpu.memory_mib, 1.0))
                 for instance in gpu.mig_instances:
-                    share = _compute_slices(instance.profile) / 7
+                    share = profile_compute_slices(instance.profile) / 7
                     self._devices.append(
                         _Device(instance.uuid, node.name, gpu, instance.profile, instance.memory_mib, share)
                     )
@@ -282,8 +283,3 @@ def _read_stat(path: Path) -> tuple[int, int] | None:
         return sum(int(f) for f in fields[11:15]), int(fields[19])
     except (ValueError, IndexError):
         return None
-
-
-def _compute_slices(profile: str) -> int:
-    match = re.match(r"(\d+)g\.", profile)
-    return int(match.group(1)) if match else 1

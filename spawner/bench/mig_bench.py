@@ -29,8 +29,8 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from ..pool.devices import FULL_MILLI, Gpu, GpuMode, MigInstance, Node
-from ..pool.mig import Geometry, Placement, geometry, profile_memory_gb
-from ..pool.mig_layouts import compute_slices, covering_profile, named_layout
+from ..pool.mig import Geometry, Placement, geometry, profile_compute_slices, profile_memory_gb
+from ..pool.mig_layouts import covering_profile, named_layout
 from ..pool.node_state import NodeState, Option
 from ..pool.policies import ScoringPolicy
 from ..pool.products import PRODUCTS
@@ -266,7 +266,7 @@ def _held_milli(allocation: Allocation, geo: Geometry) -> float:
     """Thousandths of a GPU held: a MIG instance by its exact compute share (a 1g of an A100 is 1000/7)."""
     need = allocation.request.gpu
     if isinstance(need, MigSlice) and need.profile is not None:
-        return FULL_MILLI * compute_slices(need.profile) / geo.compute_slices
+        return FULL_MILLI * profile_compute_slices(need.profile) / geo.compute_slices
     return float(sum(g.milli for g in allocation.grants))
 
 
@@ -289,7 +289,7 @@ def _mig_standing(state: PoolState, geo: Geometry) -> MigStanding:
                 continue
             gpus += 1
             for index, instance in enumerate(gpu.mig_instances):
-                milli = FULL_MILLI * compute_slices(instance.profile) / geo.compute_slices
+                milli = FULL_MILLI * profile_compute_slices(instance.profile) / geo.compute_slices
                 if index in ns.mig_free[position]:
                     free += 1
                     free_milli += milli

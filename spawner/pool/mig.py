@@ -66,6 +66,16 @@ def profile_memory_gb(name: str) -> int:
     return int(name.split(".", 1)[1].split("gb", 1)[0])
 
 
+def profile_compute_slices(name: str) -> int:
+    """The compute slices a profile name holds: ``3g.40gb`` and ``1g.10gb+me`` give 3 and 1."""
+    return int(name.split("g", 1)[0])
+
+
+def largest_first(profiles: Iterable[str]) -> tuple[str, ...]:
+    """Profile names, most compute slices first (then by name), so equal multisets compare equal."""
+    return tuple(sorted(profiles, key=lambda name: (-profile_compute_slices(name), name)))
+
+
 class UnknownMigProfile(ValueError):
     """A MIG profile name the product does not offer."""
 
@@ -261,12 +271,8 @@ def profile_combinations(layouts: Iterable[Sequence[Placement]]) -> list[tuple[s
     """The distinct multisets of profile names among ``layouts``, largest instances first."""
     seen: dict[tuple[str, ...], None] = {}
     for layout in layouts:
-        seen.setdefault(tuple(sorted((p.profile for p in layout), key=_profile_sort_key)), None)
+        seen.setdefault(largest_first(p.profile for p in layout), None)
     return list(seen)
-
-
-def _profile_sort_key(name: str) -> tuple[int, str]:
-    return (-int(name.split("g", 1)[0]), name)
 
 
 __all__ = [

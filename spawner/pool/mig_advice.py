@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .devices import GpuMode, Node
-from .mig import GEOMETRIES, Placement, geometry, profile_memory_gb
-from .mig_layouts import Combo, candidate_layouts, combo_of, compute_slices, covering_profile, placements_for
+from .mig import GEOMETRIES, Placement, geometry, largest_first, profile_compute_slices, profile_memory_gb
+from .mig_layouts import Combo, candidate_layouts, covering_profile, placements_for
 from .requests import GpuShare, MigSlice, Request
 
 UNITS = 840
@@ -68,7 +68,7 @@ def mig_gpus(nodes: Iterable[Node]) -> list[MigGpu]:
 
 def slot_units(slot: Slot) -> int:
     product, profile = slot
-    return UNITS * compute_slices(profile) // geometry(product).compute_slices
+    return UNITS * profile_compute_slices(profile) // geometry(product).compute_slices
 
 
 def ask_for(request: Request, products: Iterable[str]) -> Ask | None:
@@ -203,7 +203,9 @@ class GpuAdvice:
 
     @property
     def changed(self) -> bool:
-        return combo_of(p.profile for p in self.advised) != combo_of(p.profile for p in self.gpu.layout)
+        return largest_first(p.profile for p in self.advised) != largest_first(
+            p.profile for p in self.gpu.layout
+        )
 
 
 @dataclass(frozen=True)
@@ -231,7 +233,7 @@ class _Search:
         wanted = {slot for ask in demand for slot in ask.serves}
         self.current: Mix = {}
         for gpu in gpus:
-            self.current.setdefault(gpu.product, Counter())[combo_of(p.profile for p in gpu.layout)] += 1
+            self.current.setdefault(gpu.product, Counter())[largest_first(p.profile for p in gpu.layout)] += 1
         self.choices: dict[str, list[Combo]] = {}
         for product, combos in self.current.items():
             stock = [
@@ -313,7 +315,7 @@ def _assign(gpus: Sequence[MigGpu], mix: Mix) -> tuple[GpuAdvice, ...]:
     left = {product: Counter(combos) for product, combos in mix.items()}
     kept: dict[int, tuple[Placement, ...]] = {}
     for position, gpu in enumerate(gpus):
-        combo = combo_of(p.profile for p in gpu.layout)
+        combo = largest_first(p.profile for p in gpu.layout)
         if left[gpu.product][combo] > 0:
             left[gpu.product][combo] -= 1
             kept[position] = gpu.layout

@@ -14,26 +14,26 @@ import math
 from collections.abc import Iterable
 
 from .devices import FULL_MILLI
-from .mig import Geometry, MigProfile, Placement, fit, geometry, maximal_layouts, profile_memory_gb
+from .mig import (
+    Geometry,
+    MigProfile,
+    Placement,
+    fit,
+    geometry,
+    largest_first,
+    maximal_layouts,
+    profile_memory_gb,
+)
 
 Combo = tuple[str, ...]
-"""The profiles of one GPU's layout, largest first: what a layout serves, whatever the start slots."""
+"""The profiles of one GPU's layout, largest first (:func:`.mig.largest_first`): what a layout serves, whatever
+the start slots."""
 
 BALANCED = "all-balanced"
 
 
 class UnknownLayout(ValueError):
     """A layout name that is not one of the MIG Manager's stock names for the product."""
-
-
-def combo_of(profiles: Iterable[str]) -> Combo:
-    """The profile names sorted largest first (then by name), so equal multisets compare equal."""
-    return tuple(sorted(profiles, key=lambda name: (-compute_slices(name), name)))
-
-
-def compute_slices(profile: str) -> int:
-    """The compute slices a profile name holds: ``3g.40gb`` holds 3."""
-    return int(profile.split("g", 1)[0])
 
 
 def layout_names(geo: Geometry) -> list[str]:
@@ -103,7 +103,7 @@ def candidate_layouts(product: str) -> dict[Combo, tuple[Placement, ...]]:
     legal placement of it; cached, since enumerating the layouts takes a tenth of a second."""
     found: dict[Combo, tuple[Placement, ...]] = {}
     for layout in maximal_layouts(geometry(product)):
-        found.setdefault(combo_of(p.profile for p in layout), layout)
+        found.setdefault(largest_first(p.profile for p in layout), layout)
     return found
 
 
@@ -128,8 +128,6 @@ __all__ = [
     "Combo",
     "UnknownLayout",
     "candidate_layouts",
-    "combo_of",
-    "compute_slices",
     "covering_profile",
     "layout_names",
     "layout_text",
