@@ -179,24 +179,16 @@ def _best_score(
     return (score, -node.rank)
 
 
-def _start(
-    nodes: list[Node], pods: list[TracePod], policy: str, seed: int, setup: MigSetup, inflate: float
-) -> tuple[PoolState, list[TracePod]]:
-    """The pool and the arrival, drawn from ``seed`` in :func:`.placement.run_placement`'s order, so that a run
-    without MIG nodes is that run."""
-    state, arrival, _ = start_protocol(
-        nodes, pods, policy, seed, inflate, placed_on=mig_cluster(nodes, setup, seed)
-    )
-    return state, arrival
-
-
 def run_mig_placement(
     nodes: list[Node], pods: list[TracePod], policy: str, seed: int, setup: MigSetup, inflate: float = 1.3
 ) -> MigRun:
     """The protocol of :func:`.placement.run_placement` on a cluster with MIG nodes."""
     began = time.perf_counter()
     capacity = sum(len(n.gpus) for n in nodes) * FULL_MILLI
-    state, arrival = _start(nodes, pods, policy, seed, setup, inflate)
+    # Drawn from the seed in run_placement's order, so that a run without MIG nodes is that run.
+    state, arrival, _ = start_protocol(
+        nodes, pods, policy, seed, inflate, placed_on=mig_cluster(nodes, setup, seed)
+    )
     geo = geometry(setup.product)
     offered = frozenset(p.profile for p in named_layout(geo, setup.layout))
     ways: dict[Request, tuple[Request, ...]] = {}
@@ -266,7 +258,7 @@ def _held_milli(allocation: Allocation, geo: Geometry) -> float:
     """Thousandths of a GPU held: a MIG instance by its exact compute share (a 1g of an A100 is 1000/7)."""
     need = allocation.request.gpu
     if isinstance(need, MigSlice) and need.profile is not None:
-        return FULL_MILLI * profile_compute_slices(need.profile) / geo.compute_slices
+        return _instance_milli(need.profile, geo)
     return float(sum(g.milli for g in allocation.grants))
 
 
@@ -289,10 +281,15 @@ def _mig_standing(state: PoolState, geo: Geometry) -> MigStanding:
                 continue
             gpus += 1
             for index, instance in enumerate(gpu.mig_instances):
-                milli = FULL_MILLI * profile_compute_slices(instance.profile) / geo.compute_slices
+                milli = _instance_milli(instance.profile, geo)
                 if index in ns.mig_free[position]:
                     free += 1
                     free_milli += milli
                 else:
                     held_milli += milli
     return MigStanding(gpus, held_milli, free_milli, free)
+
+
+def _instance_milli(profile: str, geo: Geometry) -> float:
+    """A MIG instance's compute share of its GPU in thousandths: a 1g of an A100 is 1000/7."""
+    return FULL_MILLI * profile_compute_slices(profile) / geo.compute_slices
