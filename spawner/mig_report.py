@@ -3,9 +3,10 @@
 
 gpupool never changes a layout. An admin applies the advice with the MIG Manager (put the config.yaml in its
 ConfigMap, then ``kubectl label node NODE nvidia.com/mig.config=gpupool-NODE --overwrite`` for each node to
-change, as the text output spells out with the node names; the GPUs must be free), or with ``nvidia-smi mig``/``nvidia-mig-parted apply`` on a host, and, for a simulated pool, edits the
-pool file's ``mig:`` entries. mig-parted places the instances itself; the pool-file fragments give one legal
-placement of the same instances. GPUs a config does not list are left as they are (mig-parted skips them).
+change, as the text output spells out with the node names; the GPUs must be free), or with ``nvidia-smi
+mig``/``nvidia-mig-parted apply`` on a host, and, for a simulated pool, edits the pool file's ``mig:``
+entries. mig-parted places the instances itself; the pool-file fragments give one legal placement of the same
+instances. GPUs a config does not list are left as they are (mig-parted skips them).
 """
 
 from __future__ import annotations

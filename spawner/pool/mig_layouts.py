@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
 
 from .devices import FULL_MILLI
 from .mig import (
@@ -118,11 +117,6 @@ def placements_for(product: str, combo: Combo) -> tuple[Placement, ...]:
     return placed
 
 
-def layout_text(layout: Iterable[Placement]) -> str:
-    """``3g.40gb@0, 3g.40gb@4``; ``none`` for a GPU without instances."""
-    return ", ".join(str(p) for p in sorted(layout)) or "none"
-
-
 __all__ = [
     "BALANCED",
     "Combo",
@@ -130,7 +124,6 @@ __all__ = [
     "candidate_layouts",
     "covering_profile",
     "layout_names",
-    "layout_text",
     "named_layout",
     "placements_for",
 ]

@@ -10,8 +10,8 @@ Status codes, mapped once in :func:`_problem_handlers`:
 - 400 — a body or field the API cannot use (``fields`` names it), or an unknown profile (the detail lists the
   valid slugs);
 - 401 — no token; 403 — a token the hub refuses, a missing scope (``error: "admin_required"`` for a call only
-  administrators make), a profile the user's groups may not use, or a quota (``error: "quota_exceeded"``, the detail names the limit: releasing a lease, not waiting, is
-  what helps, so it is not a 429);
+  administrators make), a profile the user's groups may not use, or a quota (``error: "quota_exceeded"``, the
+  detail names the limit: releasing a lease, not waiting, is what helps, so it is not a 429);
 - 403 also for a lease of another user (whose it is is not said), 404 — no such lease;
 - 409 — a profile this pool can never serve (queueing it would wait forever).
 """
