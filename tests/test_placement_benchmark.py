@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
 import re
@@ -10,13 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from builders import gpu, node
 
 from gpupool.spawner.bench.placement import inflate_workload, run_placement, scale_cluster
 from gpupool.spawner.bench.trace import TraceError, load_nodes, load_pods
 from gpupool.spawner.cli import main
 from gpupool.spawner.pool import policies
+from gpupool.spawner.pool.devices import GpuMode
 from gpupool.spawner.pool.fragmentation import typical_shapes
 from gpupool.spawner.pool.policies import POLICIES, FragmentAware, policy_by_name
+from gpupool.spawner.pool.requests import GpuShare, Request
 from gpupool.spawner.pool.state import Allocation, PoolState
 
 SAMPLE = Path(__file__).parent / "data" / "trace"
@@ -205,3 +209,28 @@ def test_a_trace_asking_more_than_the_target_is_thinned_and_the_bound_of_nothing
     negative.write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,-5,1024,1,G2\n")
     with pytest.raises(TraceError, match=r"line 2: cpu_milli must be 0 or more, got -5"):
         load_nodes(negative)
+
+
+def test_the_share_refusal_benchmark_refuses_only_shares_that_would_open_a_fresh_gpu() -> None:
+    """``benchmarks/share_refusal.py`` puts a figure on what refusing shares buys in the protocol; its
+    refusal must be exactly that, and without it the run must be the default policy's own."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    try:
+        share_refusal = importlib.import_module("share_refusal")
+    finally:
+        sys.path.pop(0)
+    shared = node("a", [gpu("a", i, mode=GpuMode.SHARED) for i in range(2)])
+    state = PoolState([shared])
+    big = Request(1000, 1024, GpuShare(810))
+    assert share_refusal.opens_a_fresh_gpu(state, big)
+    state.place(Request(1000, 1024, GpuShare(150)), "small")
+    assert not share_refusal.opens_a_fresh_gpu(state, big)  # beside the 150 it strands nothing new
+    state.place(Request(1000, 1024, GpuShare(810)), "beside")
+    state.place(Request(1000, 1024, GpuShare(900)), "fills the other")
+    assert not share_refusal.opens_a_fresh_gpu(state, big)  # fits nowhere: nothing to refuse
+
+    nodes, pods = load_nodes(NODES), load_pods(PODS)
+    _, placed, refused = share_refusal.run(nodes, pods, 42, None)
+    assert (placed, refused) == (run_placement(nodes, pods, "gpupool", 42).placed, 0)
+    _, placed_refusing, refused = share_refusal.run(nodes, pods, 42, 1)
+    assert refused > 0 and placed_refusing < placed
