@@ -151,8 +151,7 @@ class PoolState:
             rows = np.flatnonzero(mask).tolist()
         else:
             in_rank_order = self._by_rank[mask[self._by_rank]]
-            _, first = np.unique(self._state[in_rank_order], return_index=True)
-            rows = in_rank_order[first].tolist()
+            rows = in_rank_order[_first_of_each(self._state[in_rank_order])].tolist()
         if request.gpu is None:
             anywhere: list[Option] = [()]  # one list for every node: policies only read options
             return [(self.nodes[i], anywhere) for i in rows]
@@ -307,6 +306,25 @@ class PoolState:
         for ns in self.nodes:
             problems += node_problems(ns, by_node[ns.node.name])
         return problems
+
+
+def _first_of_each(values: np.ndarray) -> np.ndarray:
+    """The position of the first occurrence of each distinct value, by value.
+
+    ``np.unique(..., return_index=True)`` does the same with a stable argsort, six times slower on 12,000
+    nodes; sorting ``value·n + position`` (unique keys, so no stability needed) finds the same positions.
+    """
+    n = len(values)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    keys = values.astype(np.int64) * n + np.arange(n, dtype=np.int64)
+    keys.sort()
+    grouped = keys // n
+    first = np.empty(n, dtype=bool)
+    first[0] = True
+    np.not_equal(grouped[1:], grouped[:-1], out=first[1:])
+    positions: np.ndarray = keys[first] % n
+    return positions
 
 
 def _restore_problem(ns: NodeState, request: Request, option: Option) -> str | None:
