@@ -9,7 +9,6 @@ process's maximum resident set) and its wall time, start-up and trace reading in
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import time
 from pathlib import Path
 
 from readme_table import write_between
+from trace_args import trace_parser
 
 README_START = "<!-- placement-scale: written by benchmarks/placement_scale.py -->"
 README_END = "<!-- /placement-scale -->"
@@ -52,13 +52,8 @@ def summarise(runs: list[dict[str, object]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--trace", required=True, type=Path, help="folder of the Alibaba GPU trace v2023")
-    parser.add_argument("--out", default="benchmarks/results", type=Path)
+    parser = trace_parser(__doc__)
     parser.add_argument("--scales", default="1,3,10", help="comma-separated replication factors")
-    parser.add_argument("--workload", default="default", help="the pod list, e.g. default or gpushare40")
     parser.add_argument("--policy", default="gpupool")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--readme", default="", help="also write the table into this README, between markers")

@@ -13,9 +13,9 @@ bound is such refusals. gpupool itself never refuses work that fits.
 
 from __future__ import annotations
 
-import argparse
 import statistics
-from pathlib import Path
+
+from trace_args import trace_parser
 
 from gpupool.spawner.arg_types import seed_list
 from gpupool.spawner.bench.placement import start_protocol
@@ -66,12 +66,7 @@ def table(nodes: list[Node], pods: list[TracePod], seeds: list[int], floors: lis
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--trace", required=True, type=Path, help="folder of the Alibaba GPU trace v2023")
-    parser.add_argument("--out", default="benchmarks/results", type=Path)
-    parser.add_argument("--workload", default="default", help="the pod list, e.g. default or gpushare40")
+    parser = trace_parser(__doc__)
     parser.add_argument("--seeds", default=list(range(42, 52)), type=seed_list, help="e.g. 42-51")
     parser.add_argument("--floors", default="700,450", help="comma-separated share sizes in milli")
     args = parser.parse_args()
