@@ -7,6 +7,7 @@ is a hub user without one. The service restart test runs last: it kills the mana
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -163,6 +164,28 @@ def test_a_bad_submission_is_a_400_naming_the_field(hub: Hub, body: dict[str, An
         response = me.post("/jobs", json={"command": ["true"], "profile": "cpu"} | body)
     assert response.status_code == 400, response.text
     assert response.json()["fields"] == [field] and field in response.json()["detail"]
+
+
+def test_a_body_sent_in_chunks_meets_the_same_size_limit_as_one_with_a_length(hub: Hub) -> None:
+    """Over real HTTP, through the proxy: without ``Content-Length`` the service once read and parsed a
+    100 MB body whole before refusing it."""
+    body = json.dumps({"command": ["echo", *["x" * 100_000] * 30], "profile": "cpu"}).encode()  # 3 MB
+
+    def in_chunks() -> Iterator[bytes]:
+        for start in range(0, len(body), 64 * 1024):
+            yield body[start : start + 64 * 1024]
+
+    with hub.as_user("me") as me:
+        before = len(me.get("/jobs").json())
+        refused = me.post("/jobs", content=in_chunks(), headers={"Content-Type": "application/json"})
+        assert refused.request.headers.get("transfer-encoding") == "chunked"
+        assert refused.status_code == 413 and refused.json()["fields"] == ["body"], refused.text
+        small = json.dumps({"command": ["true"], "profile": "cpu"}).encode()
+        accepted = me.post(
+            "/jobs", content=iter([small[:10], small[10:]]), headers={"Content-Type": "application/json"}
+        )
+        assert accepted.status_code == 201, accepted.text  # a chunked body within the limit is read as sent
+        assert len(me.get("/jobs").json()) == before + 1
 
 
 def test_a_submission_id_never_starts_the_same_job_twice(hub: Hub) -> None:

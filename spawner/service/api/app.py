@@ -92,21 +92,67 @@ MAX_BODY_BYTES = 2 * 1024 * 1024  # a job's command and env are at most 1 MiB; t
 
 
 class _BodyLimit:
-    """ASGI middleware: a 413 ``Problem`` before reading a body over :data:`MAX_BODY_BYTES`; no request of
-    this API needs more, and a larger one would be parsed whole before any check."""
+    """ASGI middleware: a 413 ``Problem`` for a body over :data:`MAX_BODY_BYTES`, before the app reads any of
+    it; no request of this API needs more, and a larger one would be parsed whole before any check.
+
+    A declared ``Content-Length`` is judged at once. A body sent without one (``Transfer-Encoding: chunked``)
+    is read here up to the limit and handed on only if it ends within it.
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            length = dict(scope["headers"]).get(b"content-length", b"0")
-            if length.isdigit() and int(length) > MAX_BODY_BYTES:
-                detail = f"body: at most {MAX_BODY_BYTES // 1024} KiB, got {int(length)} bytes"
-                problem = Problem(error="too_large", detail=detail, fields=["body"])
-                await JSONResponse(problem.model_dump(), status_code=413)(scope, receive, send)
-                return
+            headers = dict(scope["headers"])
+            length = headers.get(b"content-length")
+            if length is not None:
+                if length.isdigit() and int(length) > MAX_BODY_BYTES:
+                    await _too_large(f"got {int(length)} bytes", scope, receive, send)
+                    return
+            elif b"transfer-encoding" in headers:
+                body = await _read_within_limit(receive)
+                if body is None:
+                    await _too_large("got more", scope, receive, send)
+                    return
+                receive = _replay(body, receive)
         await self.app(scope, receive, send)
+
+
+async def _too_large(got: str, scope: Scope, receive: Receive, send: Send) -> None:
+    detail = f"body: at most {MAX_BODY_BYTES // 1024} KiB, {got}"
+    problem = Problem(error="too_large", detail=detail, fields=["body"])
+    await JSONResponse(problem.model_dump(), status_code=413)(scope, receive, send)
+
+
+async def _read_within_limit(receive: Receive) -> bytes | None:
+    """The whole body, or None as soon as it passes :data:`MAX_BODY_BYTES` (the rest is never read)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client went away: the app sees an empty body
+            return b"".join(chunks)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives the app ``body`` in one message, then whatever the client sends next."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> dict[str, Any]:
+        if pending:
+            return pending.pop()
+        message: dict[str, Any] = await receive()
+        return message
+
+    return replayed
 
 
 def _without_422(build: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
