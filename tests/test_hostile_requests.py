@@ -4,17 +4,23 @@ leases. The service as ``assemble`` builds it, over ASGI, with a stand-in hub fo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import stat
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-from test_telemetry_api import USERS, Client, Service
+from test_telemetry_api import PREFIX, USERS, Client, Service
 from token_hub import token_hub
 
+from gpupool.spawner.pool.job_states import Job
 from gpupool.spawner.pool.requests import Request
+from gpupool.spawner.service.api import job_routes
 from gpupool.spawner.service.api.lease_routes import ANOTHER_USER
 
 
@@ -172,3 +178,31 @@ def test_no_one_asks_for_a_job_lease_without_a_job(tmp_path: Path, hub_api: str)
         answers = [client.post("api/v1/leases", token, body) for token in ("alice-token", "hub-token")]
     assert [a.status_code for a in answers] == [403, 403] and "POST jobs" in answers[0].json()["detail"]
     assert not [lease for lease in service.manager.all_leases() if lease.owner_name == "ghost"]
+
+
+def test_a_followed_log_ends_once_the_hub_no_longer_accepts_its_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial found a ``follow=true`` stream still sending a job's log 90 s after its token was revoked."""
+    monkeypatch.setattr(job_routes, "STREAM_TOKEN_CHECK", 0.2)
+    tokens = dict(USERS)  # the stand-in hub reads this as it is at each call
+    with token_hub(tokens) as api:
+        service = Service(tmp_path, api)  # its loops are not started: alice's job stays queued
+        job = Job("alice-job-1", "alice", "train", "cpu", ("python", "train.py"), str(tmp_path), {}, "normal",
+                  0, None, time.time())  # fmt: skip
+        service.parts.jobs.store.add(replace(job, job_dir=str(tmp_path / "alice-job-1")))
+
+        async def follow(revoke: bool) -> int:
+            transport = httpx.ASGITransport(app=service.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://service") as http:
+                url = f"{PREFIX}api/v1/jobs/alice-job-1/logs?follow=true"
+                streamed = asyncio.create_task(http.get(url, headers={"Authorization": "token alice-token"}))
+                await asyncio.sleep(1)
+                if revoke:
+                    del tokens["alice-token"]  # revoked in the hub
+                answer = await asyncio.wait_for(streamed, 5)
+                return answer.status_code
+
+        with pytest.raises(TimeoutError):  # accepted, the stream goes on while the job waits
+            asyncio.run(follow(revoke=False))
+        assert asyncio.run(follow(revoke=True)) == 200  # revoked, it ends

@@ -6,7 +6,8 @@ cookie of a browser logged in through the hub, see :mod:`.browser_login`: for re
 the page's XSRF token, see :meth:`Authenticator.token_of`) goes to
 ``HubAuth.user_for_token``, which asks ``GET {JUPYTERHUB_API_URL}/user`` and caches the answer for
 ``cache_max_age`` seconds under a hash of the token, so reading costs the hub one call a minute per token; a
-change (a lease, a job, a warning) is checked afresh, so a token the hub has revoked can change nothing.
+change (a lease, a job, a warning) is checked afresh, so a token the hub has revoked can change nothing, and
+reads with it for at most that minute (a followed log asks afresh every 10 s and then ends).
 
 Scopes, as JupyterHub grants them through roles (declare the custom ones in ``c.JupyterHub.custom_scopes``):
 

@@ -10,7 +10,7 @@ all. This module has no ``from __future__ import annotations``: FastAPI must eva
 """
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request, Response, status
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -27,6 +27,9 @@ from .context import CallerDep, PartsDep
 from .models import JobOut, JobRequest, Problem
 
 _STREAM_POLL = 0.2  # seconds between looks at a followed log
+# A followed log may stream for days: its token is asked of the hub afresh this often, and a token the hub
+# no longer accepts (revoked, expired) ends the stream.
+STREAM_TOKEN_CHECK = 10.0
 
 router = APIRouter()
 
@@ -99,7 +102,12 @@ async def get_job(job_id: str, parts: PartsDep, caller: CallerDep) -> JobOut:
     responses={200: {"content": {"text/plain": {}}}},
 )
 async def get_logs(
-    job_id: str, parts: PartsDep, caller: CallerDep, follow: bool = False, offset: int = 0
+    request: Request,
+    job_id: str,
+    parts: PartsDep,
+    caller: CallerDep,
+    follow: bool = False,
+    offset: int = 0,
 ) -> Response:
     jobs = parts.jobs
     _visible(jobs, caller, job_id)
@@ -107,7 +115,17 @@ async def get_logs(
         raise HTTPException(status.HTTP_400_BAD_REQUEST, "offset: must be 0 or more")
     if not follow:
         return Response(_read_all(jobs, job_id, offset), media_type="text/plain; charset=utf-8")
-    return StreamingResponse(_follow(jobs, job_id, offset), media_type="text/plain; charset=utf-8")
+
+    async def still_accepted() -> bool:
+        token = parts.auth.token_of(request, request.headers.get("authorization"))
+        try:
+            await parts.auth.check(token, fresh=True)
+        except HTTPException:
+            return False
+        return True
+
+    stream = _follow(jobs, job_id, offset, still_accepted)
+    return StreamingResponse(stream, media_type="text/plain; charset=utf-8")
 
 
 @router.post(
@@ -150,9 +168,18 @@ def _read_all(jobs: JobManager, job_id: str, offset: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _follow(jobs: JobManager, job_id: str, offset: int) -> AsyncIterator[bytes]:
-    """The log from ``offset`` as it grows; ends once the job has finished and everything is sent."""
+async def _follow(
+    jobs: JobManager, job_id: str, offset: int, still_accepted: Callable[[], Awaitable[bool]]
+) -> AsyncIterator[bytes]:
+    """The log from ``offset`` as it grows; ends once the job has finished and everything is sent, or once
+    the caller's token is no longer accepted (checked every :data:`STREAM_TOKEN_CHECK` seconds)."""
+    loop = asyncio.get_running_loop()
+    next_check = loop.time() + STREAM_TOKEN_CHECK
     while True:
+        if loop.time() >= next_check:
+            if not await still_accepted():
+                return
+            next_check = loop.time() + STREAM_TOKEN_CHECK
         job = jobs.get(job_id)  # read the state first: a job that finished has written its last line
         chunk = jobs.read_log(job, offset)
         if chunk:
