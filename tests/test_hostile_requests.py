@@ -42,8 +42,25 @@ def test_a_max_runtime_that_is_not_a_number_of_seconds_is_refused(
     with Client(service.app) as client:
         answer = client.post("api/v1/jobs", "alice-token", body)
     assert answer.status_code == 400 and answer.json()["fields"] == ["max_runtime"], answer.text
-    assert why in answer.json()["detail"]
+    assert (
+        why in answer.json()["detail"] and "Value error" not in answer.json()["detail"]
+    )  # no pydantic words
+    assert answer.json()["error"] == "invalid_request"
     assert service.parts.jobs.all_jobs() == []  # nothing stored
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [("usage?since=NaN", "since"), ("usage?until=inf", "until"), ("telemetry?since=-Infinity", "since")],
+)
+def test_a_time_in_a_query_that_is_not_a_number_is_refused(
+    tmp_path: Path, hub_api: str, path: str, field: str
+) -> None:
+    """A trial found ``usage?since=NaN`` answered 200 with nothing in it."""
+    service = Service(tmp_path, hub_api)
+    with Client(service.app) as client:
+        answer = client.get(f"api/v1/{path}", "alice-token")
+    assert answer.status_code == 400 and answer.json()["fields"] == [field], answer.text
 
 
 @pytest.mark.parametrize("value", ["false", "NaN", '"soon"'])
@@ -139,6 +156,15 @@ def test_a_body_that_is_not_json_is_refused_as_the_body_not_a_byte_offset(
         answer = client.post("api/v1/jobs", "alice-token", '{"command": ["true"], "profile": ')
     assert answer.status_code == 400 and answer.json()["fields"] == ["body"], answer.text
     assert answer.json()["detail"].startswith("body: not valid JSON")
+
+
+def test_a_body_that_is_not_utf8_is_refused_naming_the_body(tmp_path: Path, hub_api: str) -> None:
+    service = Service(tmp_path, hub_api)
+    with Client(service.app) as client:
+        not_utf8 = b'{"command": ["\xff"]}'
+        answer = client.post("api/v1/jobs", "alice-token", not_utf8)  # type: ignore[arg-type]
+    assert answer.status_code == 400 and answer.json()["fields"] == ["body"], answer.text
+    assert answer.json()["detail"] == "body: not valid JSON (it must be UTF-8 text)"
 
 
 def test_the_openapi_document_promises_the_400_the_service_answers_never_a_422(

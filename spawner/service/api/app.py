@@ -185,6 +185,26 @@ def _allowed_methods(app: FastAPI, request: Request) -> str:
     return ", ".join(allowed)
 
 
+_ERROR_NAMES = {
+    400: "invalid_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    502: "hub_unreachable",
+}
+_UNPARSED_BODY = "There was an error parsing the body"
+
+
+def _plain(message: str) -> str:
+    """Pydantic's message without the prefix it puts before a validator's own sentence."""
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if message.startswith(prefix):
+            return message[len(prefix) :]
+    return message
+
+
 def _problem_handlers(app: FastAPI) -> None:
     """Typed errors to status codes, once; every error body is a :class:`Problem`."""
 
@@ -203,20 +223,22 @@ def _problem_handlers(app: FastAPI) -> None:
             where = ".".join(str(part) for part in error["loc"] if part not in ("body", "query", "path"))
             where = where or "body"
             fields.append(where)
-            sentences.append(f"{where}: {error['msg']}")
+            sentences.append(f"{where}: {_plain(error['msg'])}")
         return problem(400, "invalid_request", "; ".join(sentences), fields)
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         if exc.status_code == 405:
             exc.headers = {**(exc.headers or {}), "Allow": _allowed_methods(app, request)}
-        names = {401: "unauthenticated", 403: "forbidden", 404: "not_found", 502: "hub_unreachable"}
+        detail = str(exc.detail)
+        if detail == _UNPARSED_BODY:  # FastAPI's words for a body that is not UTF-8 text
+            detail = "body: not valid JSON (it must be UTF-8 text)"
         # a refusal about one field starts with its name: "user: ...", "owner_kind: ..."
-        field = str(exc.detail).split(":", 1)[0] if exc.status_code in (400, 403) else ""
+        field = detail.split(":", 1)[0] if exc.status_code in (400, 403) else ""
         response = problem(
             exc.status_code,
-            names.get(exc.status_code, "error"),
-            str(exc.detail),
+            _ERROR_NAMES.get(exc.status_code, "error"),
+            detail,
             [field] if field.isidentifier() else [],
         )
         response.headers.update(exc.headers or {})

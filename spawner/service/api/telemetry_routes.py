@@ -58,7 +58,10 @@ async def get_metrics(
 async def get_telemetry(
     parts: PartsDep,
     caller: CallerDep,
-    since: Annotated[float | None, Query(description="only samples taken after this time (epoch s)")] = None,
+    since: Annotated[
+        float | None,
+        Query(allow_inf_nan=False, description="only samples taken after this time (epoch s)"),
+    ] = None,
 ) -> dict[str, Any]:
     everything = caller.sees_everyone
     users = device_users(parts.manager)

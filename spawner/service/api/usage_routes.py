@@ -5,7 +5,9 @@ span defaults to the last 30 days. This module has no ``from __future__ import a
 must evaluate the route signatures.
 """
 
-from fastapi import APIRouter, HTTPException, status
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, status
 from pydantic import BaseModel, Field
 
 from .context import CallerDep, PartsDep
@@ -29,8 +31,8 @@ router = APIRouter()
 async def get_usage(
     parts: PartsDep,
     caller: CallerDep,
-    since: float | None = None,
-    until: float | None = None,
+    since: Annotated[float | None, Query(allow_inf_nan=False, description="from this time (epoch s)")] = None,
+    until: Annotated[float | None, Query(allow_inf_nan=False, description="to this time (epoch s)")] = None,
     user: str | None = None,
 ) -> list[UsageOut]:
     if user is not None and user != caller.name and not caller.is_admin:
