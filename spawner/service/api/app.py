@@ -24,7 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...names import ADMIN_REQUIRED
 from ...pool.profiles import UnknownProfile
@@ -144,13 +144,10 @@ async def _read_within_limit(receive: Receive) -> bytes | None:
 
 def _replay(body: bytes, receive: Receive) -> Receive:
     """A ``receive`` that gives the app ``body`` in one message, then whatever the client sends next."""
-    pending = [{"type": "http.request", "body": body, "more_body": False}]
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
 
-    async def replayed() -> dict[str, Any]:
-        if pending:
-            return pending.pop()
-        message: dict[str, Any] = await receive()
-        return message
+    async def replayed() -> Message:
+        return pending.pop() if pending else await receive()
 
     return replayed
 
