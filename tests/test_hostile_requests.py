@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_telemetry_api import PREFIX, USERS, Client, Service
+from test_telemetry_api import DEMO_POOL, PREFIX, USERS, Client, Service
 from token_hub import token_hub
 
 from gpupool.spawner.pool.job_states import Job
@@ -103,6 +103,8 @@ def test_a_user_sees_which_devices_are_held_but_only_their_own_lease_ids(
     assert service.alice.id in holders(mine) and not others & set(holders(mine))
     assert holders(mine).count(ANOTHER_USER) == 1 + 4  # bob's H100 and carol's four: held, not whose
     assert others <= set(holders(everything))
+    # which pool file, but not where it lies on the service's host (an admin sees the path)
+    assert (mine["source"], everything["source"]) == (DEMO_POOL.name, str(DEMO_POOL))
 
 
 def test_the_lease_database_is_readable_by_its_owner_only(tmp_path: Path, hub_api: str) -> None:

@@ -7,6 +7,7 @@ it saves and only adds lock waits under load.
 
 # No ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, status
@@ -30,7 +31,9 @@ router = APIRouter()
 @router.get("/pool", summary="The pool: nodes, GPUs, MIG slices, shares, what is free, health")
 async def get_pool(parts: PartsDep, caller: CallerDep) -> dict[str, Any]:
     shown = str if caller.sees_everyone else _holders_shown_to(parts.manager, caller.name)
-    return parts.manager.inspect(lambda pool: describe_pool(pool, parts.backend, parts.source, shown))
+    # Users see which pool file, not where it lies on the service's host.
+    source = parts.source if caller.sees_everyone else PurePath(parts.source).name
+    return parts.manager.inspect(lambda pool: describe_pool(pool, parts.backend, source, shown))
 
 
 def _holders_shown_to(manager: LeaseManager, user: str) -> Callable[[str], str]:
