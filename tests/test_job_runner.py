@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import signal
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,6 +220,37 @@ def test_an_unknown_command_is_refused_without_showing_the_services_path(
     with pytest.raises(InvalidJob) as refused:
         check(identity, command=["no-such-program-gpupool"])
     assert os.environ["PATH"] not in str(refused.value) and "full path" in str(refused.value)
+
+
+@pytest.fixture
+def open_folder() -> Iterator[Path]:
+    """A folder every account may enter (pytest's own temporary folders are root's alone)."""
+    folder = Path(tempfile.mkdtemp(prefix="gpupool-open-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="as root only: the service then checks commands for the job's account"
+)
+def test_whether_a_command_exists_in_a_folder_closed_to_the_job_is_not_told(
+    identity: processes.Identity, open_folder: Path
+) -> None:
+    """A trial found the check ran as the service's root: a program in a root-only folder was accepted (then
+    failed with 126) while a missing one was refused, telling a user which files exist there."""
+    closed = open_folder / "closed"
+    closed.mkdir(mode=0o700)
+    (closed / "tool").write_text("#!/bin/sh\necho hi\n")
+    (closed / "tool").chmod(0o755)
+    answers = []
+    for command in (str(closed / "tool"), str(closed / "missing")):
+        with pytest.raises(InvalidJob) as refused:
+            check(identity, command=[command])
+        answers.append(str(refused.value).replace(command, "X"))
+    assert answers[0] == answers[1] == "command: 'X' is not an executable file that the job's account may run"
+    closed.chmod(0o755)  # opened to everyone: the same program is accepted
+    assert check(identity, command=[str(closed / "tool")]).command == (str(closed / "tool"),)
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
-import shutil
 import signal
 import stat
 import subprocess
@@ -332,9 +331,47 @@ def read_log(directory: str, uid: int | None, offset: int = 0, limit: int = 1 <<
         return file.read(limit)
 
 
-def find_executable(command: str, working_dir: str, path: str) -> str | None:
-    """Where ``command`` (a name looked up on ``path``, or a path relative to ``working_dir``) is, or None."""
+def find_executable(command: str, working_dir: str, path: str, identity: Identity) -> str | None:
+    """Where ``command`` (a name looked up on ``path``, or a path relative to ``working_dir``) is, as a file
+    ``identity`` may run, or None. Judged as that account, not the service: a service running as root
+    would otherwise tell a user which files exist in folders closed to them."""
     if "/" in command:
         full = os.path.join(working_dir, command)
-        return full if os.path.isfile(full) and os.access(full, os.X_OK) else None
-    return shutil.which(command, path=path)
+        return full if runnable_by(full, identity) else None
+    for folder in path.split(os.pathsep):
+        full = os.path.join(folder or ".", command)
+        if runnable_by(full, identity):
+            return full
+    return None
+
+
+def runnable_by(path: str, identity: Identity) -> bool:
+    """Whether ``identity`` may execute the regular file ``path``: every folder on the way, as written and
+    with links resolved, searchable and the file executable, by the permission bits (ACLs aside)."""
+    if identity.uid is None:  # the service's own account: the kernel answers for it
+        return os.path.isfile(path) and os.access(path, os.X_OK)
+    written, resolved = os.path.abspath(path), os.path.realpath(path)
+    try:
+        folders = {os.stat(folder) for name in (written, resolved) for folder in _folders_above(name)}
+        target = os.stat(resolved)
+    except OSError:
+        return False
+    searchable = all(_allows(folder, identity) for folder in folders)
+    return searchable and stat.S_ISREG(target.st_mode) and _allows(target, identity)
+
+
+def _folders_above(path: str) -> list[str]:
+    folders = []
+    while (parent := os.path.dirname(path)) != path:
+        folders.append(parent)
+        path = parent
+    return folders
+
+
+def _allows(entry: os.stat_result, identity: Identity) -> bool:
+    """The execute (for a folder: search) bit of the class ``identity`` falls in: owner, group or other."""
+    if entry.st_uid == identity.uid:
+        return bool(entry.st_mode & stat.S_IXUSR)
+    if entry.st_gid == identity.gid or entry.st_gid in identity.groups:
+        return bool(entry.st_mode & stat.S_IXGRP)
+    return bool(entry.st_mode & stat.S_IXOTH)

@@ -111,13 +111,14 @@ def check_submission(
     if on_host:
         directory = resolve_working_dir(working_dir, identity.home)
         path = checked_env.get("PATH") or os.environ.get("PATH") or ""
-        if find_executable(command[0], directory, path) is None:
+        if find_executable(command[0], directory, path, identity) is None:
             # the service's own PATH is not the user's to read: say where to look, not what it holds
-            where = (
-                f"in {directory}"
-                if "/" in command[0]
-                else "on the job's PATH (give a full path, or set PATH in env)"
-            )
+            if command[0].startswith("/"):
+                where = "that the job's account may run"
+            elif "/" in command[0]:
+                where = f"in {directory} that the job's account may run"
+            else:
+                where = "on the job's PATH (give a full path, or set PATH in env)"
             raise InvalidJob("command", f"{command[0]!r} is not an executable file {where}")
     else:
         directory = container_working_dir(working_dir, identity.home)
