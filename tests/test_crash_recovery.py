@@ -52,10 +52,14 @@ FINISHED = {state.value for state in FINISHED_STATES}
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    tmp = tmp_path_factory.mktemp("crash-hub")
+    # The matrix's job user holds both MIG slices at once (one job ending, one starting): more than the
+    # default quota's half of the pool's slices.
+    (tmp / "quotas.yaml").write_text("per_user:\n  mig_slices: 2\n")
     for hub in spawner_hub(
-        tmp_path_factory.mktemp("crash-hub"),
+        tmp,
         (*USERS, JOBS_USER),
-        service_env={"GPUPOOL_RECONCILE_SECONDS": "1"},
+        service_env={"GPUPOOL_RECONCILE_SECONDS": "1", "GPUPOOL_QUOTAS": str(tmp / "quotas.yaml")},
         extra_config=[SERVICE_ROLE],
     ):
         hub.token_for(JOBS_USER)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builders
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -196,6 +197,19 @@ def test_without_a_quotas_file_each_user_may_hold_half_the_pool() -> None:
     assert (
         str(refusal) == "eve's quota allows 40 CPUs at once; 40 are held or queued and 2 more were asked for"
     )
+
+
+def test_without_a_quotas_file_one_user_cannot_take_every_mig_slice() -> None:
+    """A trial found the default quota left MIG slices out: one user could hold all of them."""
+    sliced = builders.node(
+        "a100", [builders.gpu("a100", 0, "A100-80GB", layout=[f"1g.10gb@{i}" for i in range(7)])]
+    )
+    policy = default_policy([*NODES, sliced], [CPU_ONLY, mig()])
+    assert policy.per_user.mig_slices == 4  # half of 7, rounded up
+    assert "4 MIG slices" in describe_quota(policy.per_user)
+    refusal = policy.check("eve", [], mig(), [mig()] * 4)
+    assert str(refusal).startswith("eve's quota allows 4 MIG slices at once")
+    assert default_policy(NODES, [CPU_ONLY]).per_user.mig_slices is None  # no MIG here: nothing to limit
 
 
 def test_the_default_quota_still_lets_the_largest_profile_start() -> None:

@@ -170,9 +170,9 @@ class QuotaPolicy:
 
 
 def default_policy(nodes: Iterable[Node], requests: Iterable[Request]) -> QuotaPolicy:
-    """The quota when the admin gave none: each user may hold half the pool's CPUs, memory and whole or
-    shared GPUs, or what the largest of ``requests`` (the profiles) asks if that is more, so every profile
-    can still start. One user's leases, CPU-only ones included, can then never fill the pool."""
+    """The quota when the admin gave none: each user may hold half the pool's CPUs, memory, whole or shared
+    GPUs and MIG slices, or what the largest of ``requests`` (the profiles) asks if that is more, so every
+    profile can still start. One user's leases, CPU-only ones included, can then never fill the pool."""
     nodes, asks = list(nodes), list(requests)
 
     def half(total: int, resource: str) -> int:
@@ -180,8 +180,10 @@ def default_policy(nodes: Iterable[Node], requests: Iterable[Request]) -> QuotaP
         return max((total + 1) // 2, largest)
 
     gpu_milli = sum(FULL_MILLI for node in nodes for gpu in node.gpus if gpu.mode is not GpuMode.MIG)
+    slices = sum(len(gpu.mig_instances) for node in nodes for gpu in node.gpus if gpu.mode is GpuMode.MIG)
     return QuotaPolicy(
         per_user=Quota(
+            mig_slices=half(slices, "mig_slices") if slices else None,
             gpu_milli=half(gpu_milli, "gpu_milli"),
             cpu_milli=half(sum(node.cpu_milli for node in nodes), "cpu_milli"),
             memory_mib=half(sum(node.memory_mib for node in nodes), "memory_mib"),

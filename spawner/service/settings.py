@@ -65,7 +65,7 @@ class ServiceSettings(Application):
     quotas_file = Unicode(
         "",
         help="A quotas file, e.g. hub_config/quotas.yaml. Empty: each user may hold half the pool's CPUs, "
-        "memory and whole or shared GPUs (or what the largest profile asks, if more).",
+        "memory, whole or shared GPUs and MIG slices (or what the largest profile asks, if more).",
     ).tag(config=True, env="GPUPOOL_QUOTAS")
     policy = Unicode(
         "gpupool", help="The placement policy by name: gpupool, fgd, best-fit, first-fit, spread or random."
