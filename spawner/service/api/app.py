@@ -191,7 +191,8 @@ _ERROR_NAMES = {
     409: "conflict",
     502: "hub_unreachable",
 }
-_UNPARSED_BODY = "There was an error parsing the body"
+# FastAPI's words for a body that is not UTF-8 text, as the API says it
+_READABLE = {"There was an error parsing the body": "body: not valid JSON (it must be UTF-8 text)"}
 
 
 def _plain(message: str) -> str:
@@ -227,9 +228,7 @@ def _problem_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         if exc.status_code == 405:
             exc.headers = {**(exc.headers or {}), "Allow": _allowed_methods(app, request)}
-        detail = str(exc.detail)
-        if detail == _UNPARSED_BODY:  # FastAPI's words for a body that is not UTF-8 text
-            detail = "body: not valid JSON (it must be UTF-8 text)"
+        detail = _READABLE.get(str(exc.detail), str(exc.detail))
         # a refusal about one field starts with its name: "user: ...", "owner_kind: ..."
         field = detail.split(":", 1)[0] if exc.status_code in (400, 403) else ""
         response = problem(
