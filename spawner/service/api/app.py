@@ -89,6 +89,9 @@ def create_app(parts: ServiceParts) -> FastAPI:
 
 
 MAX_BODY_BYTES = 2 * 1024 * 1024  # a job's command and env are at most 1 MiB; the rest is JSON's overhead
+# An oversized body up to this size is read and dropped before the 413, so the connection (the proxy's, and
+# through it the client's) stays usable; past it the service stops reading and the connection is closed.
+DISCARD_BYTES = 64 * 1024 * 1024
 
 
 class _BodyLimit:
@@ -106,13 +109,15 @@ class _BodyLimit:
         if scope["type"] == "http":
             headers = dict(scope["headers"])
             length = headers.get(b"content-length")
-            if length is not None:
-                if length.isdigit() and int(length) > MAX_BODY_BYTES:
-                    await _too_large(f"got {int(length)} bytes", scope, receive, send)
-                    return
-            elif b"transfer-encoding" in headers:
-                body = await _read_within_limit(receive)
+            if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+                await _discard(receive, 0)
+                await _too_large(f"got {int(length)} bytes", scope, receive, send)
+                return
+            if length is None and b"transfer-encoding" in headers:
+                body, more = await _read_within_limit(receive)
                 if body is None:
+                    if more:
+                        await _discard(receive, MAX_BODY_BYTES)
                     await _too_large("got more", scope, receive, send)
                     return
                 receive = _replay(body, receive)
@@ -125,21 +130,30 @@ async def _too_large(got: str, scope: Scope, receive: Receive, send: Send) -> No
     await JSONResponse(problem.model_dump(), status_code=413)(scope, receive, send)
 
 
-async def _read_within_limit(receive: Receive) -> bytes | None:
-    """The whole body, or None as soon as it passes :data:`MAX_BODY_BYTES` (the rest is never read)."""
+async def _read_within_limit(receive: Receive) -> tuple[bytes | None, bool]:
+    """The whole body, or None as soon as it passes :data:`MAX_BODY_BYTES`; and whether more of it follows."""
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] != "http.request":  # the client went away: the app sees an empty body
-            return b"".join(chunks)
-        chunk = message.get("body", b"")
+            return b"".join(chunks), False
+        chunk, more = message.get("body", b""), message.get("more_body", False)
         size += len(chunk)
         if size > MAX_BODY_BYTES:
-            return None
+            return None, more
         chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+        if not more:
+            return b"".join(chunks), False
+
+
+async def _discard(receive: Receive, size: int) -> None:
+    """Read and drop the rest of a body ``size`` bytes of which are read, up to :data:`DISCARD_BYTES` in all."""
+    while size <= DISCARD_BYTES:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+        size += len(message.get("body", b""))
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
