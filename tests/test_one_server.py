@@ -183,6 +183,9 @@ def _log_in_and_start(page: Page, profile: str) -> None:
 def _request_token(page: Page) -> str:
     """A token from the hub's token page, as a user makes one for scripts and the ``gpupool`` command."""
     page.goto(f"{URL}/hub/token")
+    # The form works once the page's scripts run: a click before that submits it as a plain GET (seen once,
+    # leaving /hub/token? and no token), so wait for them as a user waits for the page to load.
+    page.wait_for_load_state("networkidle")
     page.click('#request-token-form button[type="submit"]')
     result = page.locator("#token-result")
     expect(result).not_to_be_empty(timeout=30_000)
