@@ -63,4 +63,8 @@ def test_kube_gpu_spawner_spawns_on_the_real_control_plane_under(which: str, tmp
         text=True,
         timeout=900,
     )
-    assert run.returncode == 0, f"under {' '.join(pins)}:\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
+    # pytest's "Failed: <what did not happen> within …" lines first: the tail below is mostly hub log
+    why = "\n".join([line for line in run.stdout.splitlines() if "Failed: " in line][:10])
+    assert run.returncode == 0, (
+        f"under {' '.join(pins)}:\n{why}\n...\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
+    )
