@@ -24,6 +24,8 @@ import errno
 import functools
 import logging
 import os
+import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +104,24 @@ class Cgroup:
         for folder in self.folders:
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+    def end(self, timeout: float = 5.0) -> bool:
+        """Kill whatever still runs in the group and delete it; False if a process outlived ``timeout`` seconds.
+
+        A server's kernels run in sessions of their own, so one killed by its spawner leaves them behind, and
+        a job's command may leave children when it exits. Once the lease is released they would hold its
+        memory and GPUs unseen, so everything left in the group goes with it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for pid in self.pids():  # again each time: a process may fork while the others are killed
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self.remove()
+            if not any(folder.exists() for folder in self.folders):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
 
 @dataclass(frozen=True)

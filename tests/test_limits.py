@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -105,7 +106,10 @@ def test_a_kernel_past_its_servers_memory_is_killed_while_the_hub_and_others_car
         assert os.path.exists(f"/proc/{server['state']['pid']}")
     for user in servers:
         assert admin.delete(f"{hub.hub_api}/users/{user}/server").status_code in (202, 204)
-    until(lambda: not any(folder.exists() for folder in group.folders), "the server's group was not removed")
+    # a stop may take the spawner's SIGINT, SIGTERM and SIGKILL waits (10 + 5 + 5 s) on a slow machine
+    until(
+        lambda: not any(folder.exists() for folder in group.folders), "the server's group was not removed", 60
+    )
 
 
 def test_a_job_runs_in_a_group_of_its_own_and_past_its_memory_is_killed(hub: RunningHub) -> None:
@@ -168,6 +172,50 @@ def test_a_server_shows_its_cpu_and_memory_against_its_profiles_limits(hub: Runn
     )
     assert row and row.group(1).endswith(" of 1") and row.group(2).endswith(" of 0.8"), page
     assert admin.delete(f"{hub.hub_api}/users/bob/server").status_code in (202, 204)
+
+
+def test_what_a_killed_server_leaves_running_ends_with_it(hub: RunningHub) -> None:
+    """Kernels, and what they start in sessions of their own (``nohup python train.py &``), outlive a server
+    killed outright, holding the memory (and on a GPU host, the devices) of a lease that goes to the next
+    user. Stopping the server ends them all and removes its group."""
+    admin = hub.admin()
+    server = _start(hub, admin, "alice")
+    server_pid = int(server["state"]["pid"])
+    group = this_host().group(server_group(server["state"]["gpupool_lease_id"]))
+    assert group is not None
+    token = hub.token_for("alice")
+    user_api = f"{hub.url}/user/alice/api"
+    kernel = httpx.post(f"{user_api}/kernels", headers={"Authorization": f"token {token}"}, json={}).json()
+    detach = "import subprocess\nsubprocess.Popen(['sleep', '600'], start_new_session=True)"
+    asyncio.run(_execute(f"{user_api}/kernels/{kernel['id']}/channels", token, detach))
+    until(lambda: len(group.pids()) >= 3, "the kernel and its child did not start in the server's group", 60)
+    left = [pid for pid in group.pids() if pid != server_pid]
+
+    os.kill(server_pid, signal.SIGKILL)
+    assert admin.delete(f"{hub.hub_api}/users/alice/server").status_code in (202, 204)
+    until(
+        lambda: not any(os.path.exists(f"/proc/{pid}") for pid in left), f"processes {left} outlived it", 30
+    )
+    until(lambda: not any(folder.exists() for folder in group.folders), "the server's group was not removed")
+
+
+def test_what_a_job_leaves_running_ends_with_it(hub: RunningHub) -> None:
+    """A command that starts a child in a session of its own and exits: the job ends, and the child with it."""
+    user = job_user()
+    service = httpx.Client(base_url=hub.service_api, headers=_auth(hub, user), timeout=30)
+    detach = "setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!"
+    job = service.post("/jobs", json={"profile": "small", "command": ["/bin/sh", "-c", detach]})
+    assert job.status_code == 201, job.text
+
+    def ended() -> dict[str, Any] | None:
+        model: dict[str, Any] = service.get(f"/jobs/{job.json()['id']}").json()
+        return model if model["state"] in ("succeeded", "failed") else None
+
+    until(lambda: ended() is not None, "the job did not end", 60)
+    done = ended()
+    assert done is not None and done["state"] == "succeeded", done
+    child = int(service.get(f"/jobs/{done['id']}/logs").text.split()[0])
+    until(lambda: not os.path.exists(f"/proc/{child}"), f"the job's child {child} outlived it", 10)
 
 
 def _start(hub: RunningHub, admin: httpx.Client, user: str) -> dict[str, Any]:

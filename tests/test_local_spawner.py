@@ -33,8 +33,8 @@ from hub_harness import (
 from jupyterhub.utils import format_exception
 
 from gpupool.spawner.hub.compat import SpawnException
-from gpupool.spawner.hub.leasing import check_user_options
 from gpupool.spawner.hub.spawner import SimpleLocalGPUSpawner, lease_env
+from gpupool.spawner.hub.user_options import check_user_options
 
 ADMIN_TOKEN = "test-admin-token-spawner-0123456789abcdef"
 HUB_CLIENT_TOKEN = "test-hub-client-token-spawner-0123456789abcdef"

@@ -31,7 +31,8 @@ from ..kube.pods import server_pod_overrides
 from ..pool.environments import ENV_VAR
 from . import form
 from .compat import SpawnException
-from .leasing import GpuLeasing, check_user_options
+from .leasing import GpuLeasing
+from .user_options import check_user_options
 
 # the KubeSpawner traits a lease sets; what the admin configured is kept and the lease's part added to it
 _MERGED = ("node_affinity_required", "tolerations", "extra_labels", "extra_annotations", "environment")

@@ -5,8 +5,8 @@
 
 Lifecycle contract, on top of JupyterHub's:
 
-- ``apply_user_options`` (and again ``start``): resolve the ``profile`` slug (none: the default profile); an
-  unknown one is a 400 listing the slugs the user may start, one the user's groups may not use a 403.
+- ``apply_user_options`` (:mod:`.user_options`; again in ``start``): resolve the ``profile`` slug (none: the
+  default profile); an unknown one is a 400 listing the slugs the user may start, a forbidden one a 403.
 - ``start()``: release any lease the service still holds for this server (a crash left it), then create a
   lease; while it is queued, poll it every ``lease_poll_interval`` seconds and report the queue position
   through ``progress()``. A service that does not answer (restarting: it restores the queue from its store)
@@ -14,8 +14,9 @@ Lifecycle contract, on top of JupyterHub's:
   ``start_timeout``, releasing the lease, saying what it waited for.
   Once granted, :meth:`GpuLeasing.apply_lease` pins the server to it and the base spawner starts it.
 - ``get_state``/``load_state`` keep the lease id beside the base spawner's state: a restarted hub knows it.
-- ``stop()``, or a ``poll()`` that finds the server gone: the lease is released, once per spawner (the
-  service makes a repeated release change nothing, so a hub restart between the two is harmless too).
+- ``stop()``, or a ``poll()`` that finds the server gone: what the server left running on the lease's devices
+  is ended (:meth:`GpuLeasing.end_leftovers`), then the lease is released, once per spawner (a repeated
+  release changes nothing, so a hub restart between the two is harmless too).
   ``clear_state`` never forgets a lease that was not released: it is kept for the next release attempt.
 """
 
@@ -39,7 +40,7 @@ from ..names import SERVICE_PREFIX
 from ..pool.profiles import Profile, UnknownProfile
 from . import form
 from .compat import SpawnException
-from .queue_wait import fit_start_timeout, queue_deadline
+from .queue_wait import queue_deadline
 
 TOKEN_ENV = "GPUPOOL_API_TOKEN"
 _STATE_KEY = "gpupool_lease_id"
@@ -356,20 +357,20 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         status = error.status if error.status in (400, 403, 409) else 503
         return SpawnException(f"gpupool: {error.detail}", reason=f"gpupool_{error.error}", status_code=status)
 
+    def unreleased_leases(self) -> list[str]:
+        """The current lease and any that :meth:`clear_state` set aside, not yet released."""
+        return sorted((self._unreleased | {self.lease_id}) - self._released - {""})
+
     async def release_lease(self) -> None:
-        """Release the current lease and any that :meth:`clear_state` set aside, each once; an error is
+        """Release each of :meth:`unreleased_leases` once; an error is
         logged and the lease kept for the next attempt (the service's reconciliation is the last resort)."""
-        pending = self._unreleased | ({self.lease_id} if self.lease_id else set())
-        for lease_id in sorted(pending - self._released):
+        for lease_id in self.unreleased_leases():
             try:
                 await self.service().release_lease(lease_id)
-            except GpupoolError as error:
-                if error.status != 404:
+            except (GpupoolError, SpawnException) as error:
+                if not (isinstance(error, GpupoolError) and error.status == 404):  # a 404: released already
                     self.log.error("gpupool: could not release lease %s: %s", lease_id, error)
                     continue
-            except SpawnException as error:
-                self.log.error("gpupool: could not release lease %s: %s", lease_id, error)
-                continue
             self.log.info("gpupool: released lease %s of %s", lease_id, self._log_name)
             self._released.add(lease_id)
             self._unreleased.discard(lease_id)
@@ -378,7 +379,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         """JupyterHub's poll; a server found gone also releases its lease."""
         status: int | None = await super().poll()
         if status is not None and not self._starting:
-            await self.release_lease()
+            await self._hand_back()
         return status
 
     async def stop(self, now: bool = False) -> None:
@@ -386,15 +387,14 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         try:
             await super().stop(now=now)
         finally:
+            await self._hand_back()
+
+    async def end_leftovers(self) -> None:
+        """End what the server left running on its lease's devices, before the lease goes to someone else.
+        Nothing here; a spawner that can find such processes overrides it."""
+
+    async def _hand_back(self) -> None:
+        try:  # ended first: the lease's devices go to the next user only once nothing of this server holds them
+            await self.end_leftovers()
+        finally:
             await self.release_lease()
-
-
-def check_user_options(spawner: GpuLeasing, user_options: Mapping[str, Any]) -> None:
-    """``apply_user_options``: refuse an unknown or forbidden profile, an environment it does not offer or a
-    wall-time past its lifetime, before anything starts; give the spawn its profile's queue wait."""
-    profile = spawner.resolve_profile(user_options)
-    try:
-        form.lease_options(user_options, profile)
-    except (ValueError, LookupError) as error:  # a bad walltime, an unknown environment
-        raise SpawnException(str(error), reason="bad_user_options", status_code=400) from error
-    fit_start_timeout(spawner, profile)

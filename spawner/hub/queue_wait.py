@@ -1,7 +1,7 @@
 """How long a spawn may wait in gpupool's queue: its profile's ``queue_wait``, on top of the server's own start.
 
 JupyterHub gives a spawn ``start_timeout`` seconds from the moment it begins, and reads it then, after
-``apply_user_options``: so that hook (:func:`gpupool.spawner.hub.leasing.check_user_options`) sets it, per
+``apply_user_options``: so that hook (:func:`gpupool.spawner.hub.user_options.check_user_options`) sets it, per
 spawn, to the configured start timeout plus the chosen profile's ``queue_wait``. The lease wait itself ends
 once ``queue_wait`` has passed (:meth:`GpuLeasing._lease`), leaving the configured time for the server to start.
 """

@@ -14,6 +14,7 @@ spawn form and what a lease means for a local process:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
@@ -36,7 +37,8 @@ from ..pool.environments import FIELD as ENVIRONMENT
 from ..system_groups import system_groups as groups_on_host
 from . import form
 from .compat import SpawnException
-from .leasing import GpuLeasing, check_user_options
+from .leasing import GpuLeasing
+from .user_options import check_user_options
 
 
 async def _render_options_form(spawner: LocalGPUSpawner) -> str:
@@ -151,14 +153,15 @@ class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner):  # type: ignore[misc]  #
         """The base spawner's ``preexec_fn``: become ``name``'s system account."""
         return super().make_preexec_fn(name)  # type: ignore[no-any-return]
 
-    async def stop(self, now: bool = False) -> None:
-        """Stop the server and release its lease, then remove its control group."""
-        group = host_cgroups_once().group(server_group(self.lease_id)) if self.lease_id else None
-        try:
-            await super().stop(now=now)
-        finally:
-            if group is not None:
-                group.remove()
+    async def end_leftovers(self) -> None:
+        """End what is left in the server's control group and remove it: kernels run in sessions of their
+        own, so a server that crashed or was killed leaves them behind, holding its memory and devices."""
+        for lease_id in self.unreleased_leases():
+            group = host_cgroups_once().group(server_group(lease_id))
+            if group is not None and not await asyncio.to_thread(group.end):
+                self.log.warning(
+                    "gpupool: %s's control group still holds processes %s", self._log_name, group.pids()
+                )
 
 
 @functools.cache

@@ -15,6 +15,7 @@ lock: a runner that talks to a remote API answers from a cache and does its writ
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -25,6 +26,8 @@ from ...limits import Limits, job_group, this_host
 from ...pool.job_states import NEVER_STARTED, Job, JobState, StopRequest
 from ...pool.leases import Lease
 from . import processes
+
+log = logging.getLogger(__name__)
 
 
 class LaunchError(RuntimeError):
@@ -190,8 +193,8 @@ class LocalRunner:
         if process is not None:
             process.poll()
         group = this_host().group(job_group(job.id, job.attempts))
-        if group is not None:
-            group.remove()
+        if group is not None and not group.end():  # children the command left behind go with its lease
+            log.warning("job %s: its control group still holds processes %s", job.id, group.pids())
 
     def read_log(self, job: Job, offset: int, limit: int) -> bytes:
         uid = self._uid(job.user)
