@@ -24,13 +24,17 @@ from gpupool.spawner.kube.manifests import (
     USER_LABEL,
     ManifestError,
     dns_label,
+    env_list,
     label_value,
+    require_dns_label,
+    require_dns_subdomain,
+    resource_limits,
 )
 from gpupool.spawner.service.jobs import processes
 
 VERSIONS = ("1.30", major_minor(latest_version()))
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # with fullmatch: "$" passes "a\n"
+LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 SERVICE_URL = "http://gpupool:10101/services/gpupool/"
 MIG = KubeGrant("dgx-h100-01", {"nvidia.com/mig-3g.40gb": 1})
 TWO_GPUS = KubeGrant("a100-box", {"nvidia.com/gpu": 2})
@@ -206,7 +210,7 @@ def test_an_mps_shares_memory_cap_reaches_the_server_and_the_job_container() -> 
 def test_pods_carry_the_lease_and_user_labels_and_the_exact_lease_id() -> None:
     meta = server(user="Alice.Smith@x")["metadata"]
     assert meta["labels"][LEASE_LABEL] == "k3x9aZ0qLm2w"
-    assert LABEL_VALUE.match(meta["labels"][USER_LABEL])
+    assert LABEL_VALUE.fullmatch(meta["labels"][USER_LABEL])
     assert meta["labels"][USER_LABEL] == label_value("Alice.Smith@x")
     assert meta["annotations"][LEASE_LABEL] == "k3x9aZ0qLm2w"
 
@@ -222,26 +226,49 @@ def test_awkward_names_yield_valid_unique_names() -> None:
     users = ["Alice.Smith@x", "alice.smith@x", "alice-smith-x", "alice_smith_x", "ALICE", "alice", "a" * 200]
     names = [pods.server_pod_name(u) for u in users]
     assert len(set(names)) == len(users)
-    assert all(DNS_LABEL.match(n) and len(n) <= 63 for n in names)
+    assert all(DNS_LABEL.fullmatch(n) and len(n) <= 63 for n in names)
     assert pods.server_pod_name("alice") == "jupyter-alice"  # a valid name stays readable
     job_names = {job(job_id=i)["metadata"]["name"] for i in ("J7q2mXw9", "j7q2mxw9", "_j7q2mXw9-")}
-    assert len(job_names) == 3 and all(DNS_LABEL.match(n) for n in job_names)
+    assert len(job_names) == 3 and all(DNS_LABEL.fullmatch(n) for n in job_names)
 
 
 @given(st.text(min_size=0, max_size=120), st.text(min_size=0, max_size=120))
 def test_dns_labels_and_label_values_are_always_valid_and_never_shared(a: str, b: str) -> None:
     for value in (a, b):
-        assert DNS_LABEL.match(dns_label(value)) and len(dns_label(value)) <= 63
-        assert LABEL_VALUE.match(label_value(value)) and len(label_value(value)) <= 63
+        assert DNS_LABEL.fullmatch(dns_label(value)) and len(dns_label(value)) <= 63
+        assert LABEL_VALUE.fullmatch(label_value(value)) and len(label_value(value)) <= 63
     if a != b:
         assert dns_label(a) != dns_label(b)
         assert label_value(a) != label_value(b)
 
 
+@pytest.mark.parametrize("value", ["\n", "alice\n", "alice\r\n", "Alice.Smith\n"])
+def test_a_name_ending_in_a_newline_is_hashed_not_passed_through(value: str) -> None:
+    """A user name with a trailing newline once came back unchanged (hypothesis found it): the API server
+    would refuse the pod's labels, so that user could never start a server on Kubernetes."""
+    assert "\n" not in dns_label(value) and dns_label(value) != value.strip()
+    assert "\n" not in label_value(value) and label_value(value) != value.strip()
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        lambda: require_dns_label("users\n", "namespace"),
+        lambda: require_dns_subdomain("node-1\n", "node"),
+        lambda: env_list({"CUDA_VISIBLE_DEVICES\n": "0"}),
+        lambda: resource_limits({"nvidia.com/gpu\n": 1}),
+    ],
+    ids=["namespace", "node", "env name", "resource name"],
+)
+def test_names_ending_in_a_newline_are_refused(check: Any) -> None:
+    with pytest.raises(ManifestError, match=r"\\n"):
+        check()
+
+
 def test_lease_ids_that_are_not_label_values_still_label_a_job() -> None:
     """token_urlsafe ids may start or end with '-' or '_', which a label value may not."""
     labels = job(lease_id="-ab_cd-ef01_")["metadata"]["labels"]
-    assert LABEL_VALUE.match(labels[LEASE_LABEL]) and labels[LEASE_LABEL] == label_value("-ab_cd-ef01_")
+    assert LABEL_VALUE.fullmatch(labels[LEASE_LABEL]) and labels[LEASE_LABEL] == label_value("-ab_cd-ef01_")
     assert job(lease_id="-ab_cd-ef01_")["metadata"]["annotations"][LEASE_LABEL] == "-ab_cd-ef01_"
 
 

@@ -40,11 +40,12 @@ DEFAULT_GID = 100
 
 JsonDict = dict[str, Any]
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-_QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+# Used with fullmatch only: "$" also matches before a trailing newline, so "alice\n" would pass a match().
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 _HASH_LENGTH = 8
 
 
@@ -66,7 +67,7 @@ def dns_label(value: str, *, max_length: int = 63) -> str:
     """
     if max_length < _HASH_LENGTH + 3:
         raise ManifestError(f"max_length must be at least {_HASH_LENGTH + 3}, got {max_length}")
-    if _DNS_LABEL.match(value) and "--" not in value and len(value) <= max_length:
+    if _DNS_LABEL.fullmatch(value) and "--" not in value and len(value) <= max_length:
         return value
     slug = re.sub(r"[^a-z0-9]+", "-", value.lower()).strip("-")
     slug = slug[: max_length - _HASH_LENGTH - 2].rstrip("-") or "x"
@@ -77,7 +78,7 @@ def label_value(value: str) -> str:
     """``value`` as a label value (at most 63 of letters, digits, ``-_.``, starting and ending alphanumeric),
     by the rule of :func:`dns_label` but keeping case: a lease id such as ``_k3x-9aZ`` or a user name such as
     ``Alice.Smith@x`` gets a slug and a hash; a valid value without ``--`` stays as it is."""
-    if _LABEL_VALUE.match(value) and value and "--" not in value and len(value) <= 63:
+    if _LABEL_VALUE.fullmatch(value) and value and "--" not in value and len(value) <= 63:
         return value
     slug = re.sub(r"[^A-Za-z0-9_.]+", "-", value)
     slug = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", slug)
@@ -88,7 +89,7 @@ def label_value(value: str) -> str:
 
 def require_dns_label(value: str, field: str) -> str:
     """``value`` when it is an RFC 1123 label (a namespace, a container or object name), else ManifestError."""
-    if not (_DNS_LABEL.match(value) and len(value) <= 63):
+    if not (_DNS_LABEL.fullmatch(value) and len(value) <= 63):
         raise ManifestError(
             f"{field}: expected an RFC 1123 label (at most 63 lower-case letters, digits and '-', starting "
             f"and ending with a letter or digit), got {value!r}"
@@ -98,7 +99,7 @@ def require_dns_label(value: str, field: str) -> str:
 
 def require_dns_subdomain(value: str, field: str) -> str:
     """``value`` when it is an RFC 1123 subdomain (a node or Secret name), else ManifestError."""
-    if not (_DNS_SUBDOMAIN.match(value) and len(value) <= 253):
+    if not (_DNS_SUBDOMAIN.fullmatch(value) and len(value) <= 253):
         raise ManifestError(
             f"{field}: expected an RFC 1123 subdomain (lower-case letters, digits, '-' and '.', at most 253), "
             f"got {value!r}"
@@ -123,8 +124,8 @@ def resource_limits(limits: Mapping[str, int], field: str = "grant.limits") -> d
         prefix, slash, short = name.partition("/")
         if not (
             slash
-            and _DNS_SUBDOMAIN.match(prefix)
-            and _QUALIFIED_NAME.match(short)
+            and _DNS_SUBDOMAIN.fullmatch(prefix)
+            and _QUALIFIED_NAME.fullmatch(short)
             and len(short) <= 63
             and "." in prefix
         ):
@@ -156,7 +157,7 @@ def env_list(env: Mapping[str, str], field: str = "env") -> list[JsonDict]:
     """``{"NAME": "value"}`` as a container's ``env`` list, names checked as Kubernetes checks them."""
     items: list[JsonDict] = []
     for name, value in env.items():
-        if not _ENV_NAME.match(name):
+        if not _ENV_NAME.fullmatch(name):
             raise ManifestError(
                 f"{field}: {name!r} is not an environment variable name; expected letters, digits, '_', '-' "
                 "and '.', not starting with a digit"
