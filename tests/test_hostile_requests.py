@@ -73,6 +73,27 @@ def test_a_cull_warning_without_a_time_is_refused(tmp_path: Path, hub_api: str, 
     assert answer.status_code == 400 and answer.json()["fields"] == ["cull_at"], answer.text
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("post", "api/v1/warnings", '{"user": "bob", "cull_at": "soon"}'),
+        ("post", "api/v1/culls", '{"limit": "whenever"}'),
+    ],
+)
+def test_a_caller_without_the_scope_is_refused_before_their_body_is_read(
+    tmp_path: Path, hub_api: str, method: str, path: str, body: str
+) -> None:
+    """A trial found alice's malformed cull warning answered 400 naming the fields an admin must send:
+    the scope is checked first, so she learns only that she may not."""
+    service = Service(tmp_path, hub_api)
+    with Client(service.app) as client:
+        answer = getattr(client, method)(path, "alice-token", body)
+        admin = getattr(client, method)(path, "admin-token", body)
+    assert answer.status_code == 403 and "custom:gpupool:admin" in answer.json()["detail"], answer.text
+    assert answer.json()["fields"] == []  # no field of the body named
+    assert admin.status_code == 400, "an admin's bad body is still named"
+
+
 def test_a_service_without_the_hubs_scope_can_take_no_lease(tmp_path: Path, hub_api: str) -> None:
     service = Service(tmp_path, hub_api)
     body = json.dumps({"profile": "h100", "owner_kind": "job", "owner_name": "ghost"})

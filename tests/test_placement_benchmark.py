@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from builders import gpu, node
 
+from gpupool.spawner.bench.bound import arrived_tasks, placement_bound
 from gpupool.spawner.bench.placement import inflate_workload, run_placement, scale_cluster
 from gpupool.spawner.bench.trace import TraceError, load_nodes, load_pods
 from gpupool.spawner.cli import main
@@ -230,7 +231,22 @@ def test_the_share_refusal_benchmark_refuses_only_shares_that_would_open_a_fresh
     assert not share_refusal.opens_a_fresh_gpu(state, big)  # fits nowhere: nothing to refuse
 
     nodes, pods = load_nodes(NODES), load_pods(PODS)
-    _, placed, refused = share_refusal.run(nodes, pods, 42, None)
-    assert (placed, refused) == (run_placement(nodes, pods, "gpupool", 42).placed, 0)
-    _, placed_refusing, refused = share_refusal.run(nodes, pods, 42, 1)
-    assert refused > 0 and placed_refusing < placed
+    placing = share_refusal.run(nodes, pods, 42, None)
+    assert (placing.placed, placing.refused) == (run_placement(nodes, pods, "gpupool", 42).placed, 0)
+    refusing = share_refusal.run(nodes, pods, 42, 1)
+    assert refusing.refused > 0 and refusing.placed < placing.placed
+
+
+@pytest.mark.parametrize("policy", ["gpupool", "fgd", "first-fit"])
+def test_a_run_stays_under_the_bound_holding_its_own_shares(policy: str) -> None:
+    """The share-refusal table bounds each run by what any placement holding its shares could allocate; that
+    bound must sit between the run itself and the bound over every placement."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    try:
+        share_refusal = importlib.import_module("share_refusal")
+    finally:
+        sys.path.pop(0)
+    nodes, pods = load_nodes(NODES), load_pods(PODS)
+    outcome = share_refusal.run(nodes, pods, 42, None, policy)
+    unheld = placement_bound(nodes, arrived_tasks(nodes, pods, 42)).percent
+    assert outcome.allocated <= outcome.bound_holding_shares <= unheld

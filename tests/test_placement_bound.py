@@ -78,6 +78,30 @@ def test_shares_above_half_a_gpu_never_share_one() -> None:
     assert placement_bound(nodes, [big] * 4, "liquid").gpus == 2
 
 
+def test_holding_large_shares_lowers_the_bound_to_what_is_left_beside_them() -> None:
+    """A run that has placed 810-milli shares can still reach only what fits beside them: the bound holding
+    them says so, and fills their leftovers with shares that arrived but were not placed."""
+    nodes = [_node("a", 2)]
+    large = [TracePod(f"large-{i}", Request(1000, 1024, GpuShare(810))) for i in range(2)]
+    whole = [TracePod(f"whole-{i}", Request(1000, 1024, WholeGpus(1))) for i in range(2)]
+    arrived = large + whole
+    assert placement_bound(nodes, arrived).gpus == 2
+    assert placement_bound(nodes, arrived, holding=large[:1]).gpus == 1.81
+    assert placement_bound(nodes, arrived, holding=large).gpus == 1.62
+    small = TracePod("small", Request(1000, 1024, GpuShare(190)))
+    assert placement_bound(nodes, [*arrived, small], holding=large[:1]).gpus == 2
+
+
+def test_holding_what_did_not_arrive_or_fits_nowhere_is_refused() -> None:
+    nodes = [_node("a", 2, cpu=4000)]
+    share = TracePod("share", Request(1000, 1024, GpuShare(500)))
+    with pytest.raises(ValueError, match="holding must be tasks that arrived"):
+        placement_bound(nodes, [share], holding=[share, share])
+    hungry = TracePod("hungry", Request(8000, 1024, GpuShare(500)))
+    with pytest.raises(BoundUnavailable, match="fits no node"):
+        placement_bound(nodes, [share, hungry], holding=[hungry])
+
+
 def test_cpu_and_models_bind_as_on_a_node() -> None:
     nodes = [_node("a", 4, cpu=16_000), _node("b", 4, product="V100")]
     hungry = TracePod("hungry", Request(8000, 1024, WholeGpus(1, frozenset({"T4"}))))

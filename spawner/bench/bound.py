@@ -115,17 +115,27 @@ def arrived_tasks(nodes: list[Node], pods: list[TracePod], seed: int, inflate: f
 
 
 def placement_bound(
-    nodes: list[Node], arrived: Iterable[TracePod], relaxation: str = "per-node"
+    nodes: list[Node],
+    arrived: Iterable[TracePod],
+    relaxation: str = "per-node",
+    holding: Iterable[TracePod] = (),
 ) -> BoundResult:
     """Bound the GPU milli any placement of ``arrived`` on ``nodes`` could allocate, as a percent of capacity.
 
     CPU-only tasks allocate no GPU and a placement may leave any task out, so they are dropped; a task no
-    node kind could hold contributes nothing.
+    node kind could hold contributes nothing. ``holding`` (tasks among ``arrived``) bounds only the placements
+    that hold at least those tasks: what a run could still have reached with the shares it placed, say. It
+    takes the ``share-patterns`` relaxation, whose task prices the per-node step does not account for.
     """
     if relaxation not in RELAXATIONS:
         raise ValueError(f"relaxation must be one of {', '.join(RELAXATIONS)}, got {relaxation!r}")
     began = time.perf_counter()
     demand = _task_kinds(arrived)
+    held = _task_kinds(holding)
+    if held:
+        relaxation = "share-patterns"
+        if any(n > demand[t] for t, n in held.items()):
+            raise ValueError("holding must be tasks that arrived")
     kinds = _node_kinds(nodes)
     capacity = sum(len(n.gpus) for n in nodes) * FULL_MILLI
     if not capacity:
@@ -133,7 +143,7 @@ def placement_bound(
     wanted = sum(t.value * n for t, n in demand.items())
     best = min(float(capacity), float(wanted))
     if demand and kinds:
-        value, prices = _aggregate_lp(demand, kinds, relaxation)
+        value, prices = _aggregate_lp(demand, kinds, relaxation, held)
         if relaxation == "per-node":
             value = min(value, _lagrangian(demand, kinds, prices))
         best = min(best, value)
@@ -246,15 +256,28 @@ def _solver(module: str) -> Any:
 
 
 def _aggregate_lp(
-    demand: Counter[_TaskKind], kinds: Counter[_NodeKind], relaxation: str
+    demand: Counter[_TaskKind],
+    kinds: Counter[_NodeKind],
+    relaxation: str,
+    held: Counter[_TaskKind] | None = None,
 ) -> tuple[float, dict[_TaskKind, float]]:
-    """The cluster LP over task kinds × node kinds; also each task kind's price (its demand row's dual)."""
+    """The cluster LP over task kinds × node kinds; also each task kind's price (its demand row's dual).
+
+    ``held``: task kinds of which at least so many must be placed.
+    """
     model = _Model()
     for task, count in demand.items():
         model.limits[task] = count
     for kind, count in kinds.items():
         model.limits.update({(kind, "cpu"): count * kind.cpu, (kind, "memory"): count * kind.memory})
         _add_node_kind(model, kind, count, {t: (float(t.value), None) for t in demand}, relaxation)
+    if held:
+        # -placed ≤ -held, on every column that places a held kind (the columns its demand row counts)
+        model.limits.update({(task, "held"): -count for task, count in held.items()})
+        placing = [((row, "held"), column, -a) for row, column, a in model.entries if row in held]
+        if len({row for row, _, _ in placing}) < len(held):
+            raise BoundUnavailable("a task to hold fits no node of the cluster")
+        model.entries.extend(placing)
     value, prices = model.solve_lp()
     return value, {task: prices[task] for task in demand}
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, Header, HTTPException, Request, status
 
@@ -110,3 +110,14 @@ def require_manager(caller: Caller, what: str) -> None:
             status.HTTP_403_FORBIDDEN,
             f"{caller.kind} {caller.name} may not {what}: they need custom:gpupool:admin or custom:gpupool:leases",
         )
+
+
+def manager(what: str) -> Any:
+    """A dependency giving the caller, or 403 as :func:`require_manager` says, before the body is validated:
+    a caller without the scope learns nothing from how their body was wrong."""
+
+    async def caller_who_manages(caller: CallerDep) -> Caller:
+        require_manager(caller, what)
+        return caller
+
+    return Depends(caller_who_manages)

@@ -37,7 +37,7 @@ from ...telemetry.activity import ActivityTracker
 from ..leasing.culls import CullLimit, CullWarning
 from ..telemetry.telemetry_loop import Telemetry
 from .auth import Caller
-from .context import CallerDep, PartsDep, ServiceParts, require_manager
+from .context import CallerDep, PartsDep, ServiceParts, manager
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +144,9 @@ async def server_activity(
 
 
 @router.post("/warnings", status_code=status.HTTP_201_CREATED, summary="Record a cull warning")
-async def post_warning(body: WarningIn, parts: PartsDep, caller: CallerDep) -> dict[str, Any]:
-    require_manager(caller, "record cull warnings")
+async def post_warning(
+    body: WarningIn, parts: PartsDep, caller: Annotated[Caller, manager("record cull warnings")]
+) -> dict[str, Any]:
     # a new reason for the same lease keeps the time of the first warning: the user has known since then
     before = parts.culls.get(body.user, body.server)
     warned_at = before.warned_at if before is not None and before.lease_id == body.lease_id else parts.clock()
@@ -155,8 +156,9 @@ async def post_warning(body: WarningIn, parts: PartsDep, caller: CallerDep) -> d
 
 
 @router.post("/culls", status_code=status.HTTP_204_NO_CONTENT, summary="Record that a server is culled")
-async def post_cull(body: CullIn, parts: PartsDep, caller: CallerDep) -> None:
-    require_manager(caller, "report culls")
+async def post_cull(
+    body: CullIn, parts: PartsDep, caller: Annotated[Caller, manager("report culls")]
+) -> None:
     parts.culls.counts[body.limit] += 1
     log.info("%s/%s (lease %s) culled: %s", body.user, body.server, body.lease_id, body.reason)
 
@@ -178,9 +180,11 @@ async def get_warnings(
     "/warnings/{user}", status_code=status.HTTP_204_NO_CONTENT, summary="Withdraw a server's cull warning"
 )
 async def delete_warning(
-    user: str, parts: PartsDep, caller: CallerDep, server: Annotated[str, Query()] = ""
+    user: str,
+    parts: PartsDep,
+    caller: Annotated[Caller, manager("withdraw cull warnings")],
+    server: Annotated[str, Query()] = "",
 ) -> None:
-    require_manager(caller, "withdraw cull warnings")
     parts.culls.withdraw(user, server)
 
 
