@@ -9,7 +9,8 @@ Scores are "higher is better"; equal scores go to the node with the lower rank, 
 - ``random``     a uniformly random node and GPU among those that fit.
 - ``fgd``        Fragmentation Gradient Descent (Weng et al., ATC '23): least growth in expected fragment.
 - ``gpupool``    our default: FGD's gradient over a fragment that also counts GPUs left without CPU or
-                 memory to feed them; a share goes to the GPU whose leftover can still be filled.
+                 memory to feed them and charges for models that model-constrained tasks need; a share goes
+                 to the GPU whose leftover can still be filled.
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ from __future__ import annotations
 import math
 import random
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, ClassVar
 
-from .devices import FULL_MILLI
+from .devices import FULL_MILLI, GpuMode
 from .feeding import FeedingMeter
 from .fragmentation import FragmentMeter, Tally, TaskShape, gpu_views, shapes_of, tally, typical_shapes
 from .mig import profile_memory_gb
+from .model_pressure import PRESSURE_WEIGHT, model_pressure
 from .node_state import NodeState, Option
 from .requests import GpuShare, MigSlice, Request
 
@@ -306,20 +309,45 @@ class Fgd(IgnoresMemory, FragmentAware):
 class GpuPool(FragmentAware):
     """FGD's gradient, measured with GPUs the node's CPU and memory cannot feed; fillable leftovers for shares.
 
-    Two changes to FGD, each measured on the Alibaba trace (README):
+    Three changes to FGD, each measured on the Alibaba trace (README):
 
     - The fragment is :class:`~.feeding.FeedingMeter`'s: FGD's, plus half of each free GPU that the node's
       remaining CPU or memory cannot feed for a typical task. CPU-only and CPU-heavy tasks stop starving
       GPUs of the cores and memory that their tasks will need.
+    - Using a GPU model that model-constrained tasks need (:mod:`.model_pressure`) costs fragment in
+      proportion, so tasks that could run anywhere leave those models to the tasks that cannot.
     - Which GPU of the chosen node takes a share (FGD: the lowest index of the equally scored) goes to the
       GPU whose leftover typical shares can still fill.
     """
 
     name = "gpupool"
 
+    def __init__(self, workload: Sequence[Request] | None = None) -> None:
+        self._gpus_by_model: Counter[str] = Counter()
+        super().__init__(workload)
+
+    def prepare(self, state: PoolState) -> None:
+        super().prepare(state)
+        self._gpus_by_model = Counter(
+            gpu.product for ns in state.nodes for gpu in ns.gpus if gpu.mode is not GpuMode.MIG
+        )
+        self.pressure = model_pressure(self.meter.shapes, self._gpus_by_model)
+
     def set_shapes(self, shapes: Sequence[TaskShape]) -> None:
         super().set_shapes(shapes)
         self.feeding = FeedingMeter(shapes)
+        self.pressure = model_pressure(shapes, self._gpus_by_model)
+
+    def fragment_change(
+        self, node: NodeState, request: Request, option: Option, before: float | None = None
+    ) -> float:
+        change = super().fragment_change(node, request, option, before)
+        need = request.gpu
+        if not self.pressure or need is None or isinstance(need, MigSlice):
+            return change
+        milli = need.milli if isinstance(need, GpuShare) else FULL_MILLI
+        used = sum(self.pressure.get(node.gpus[position].product, 0.0) for position in option)
+        return change - PRESSURE_WEIGHT * milli * used
 
     def node_fragment(self, node: NodeState, cpu_free: int, memory_free: int, free: list[int]) -> float:
         capacity = (node.node.cpu_milli, node.node.memory_mib)
