@@ -25,7 +25,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..pool.devices import FULL_MILLI, GpuMode, Node
@@ -161,20 +161,21 @@ def placement_bound(
 
 
 def _task_kinds(arrived: Iterable[TracePod]) -> Counter[_TaskKind]:
-    kinds: Counter[_TaskKind] = Counter()
-    for pod in arrived:
-        request, need = pod.request, pod.request.gpu
-        if isinstance(need, MigSlice):
-            raise BoundUnavailable(
-                "the bound models whole and time-shared GPUs; a MIG slice task is not modelled"
-            )
-        if isinstance(need, WholeGpus):
-            kinds[
-                _TaskKind(request.cpu_milli, request.memory_mib, need.count, FULL_MILLI, need.products)
-            ] += 1
-        elif isinstance(need, GpuShare):
-            kinds[_TaskKind(request.cpu_milli, request.memory_mib, 0, need.milli, need.products)] += 1
-    return kinds
+    return Counter(kind for kind in map(_task_kind, arrived) if kind is not None and kind.value)
+
+
+def _task_kind(pod: TracePod) -> _TaskKind | None:
+    """A pod's kind; CPU-only pods are the kind with no GPUs and no milli. None for what is not modelled."""
+    request, need = pod.request, pod.request.gpu
+    if isinstance(need, MigSlice):
+        raise BoundUnavailable(
+            "the bound models whole and time-shared GPUs; a MIG slice task is not modelled"
+        )
+    if isinstance(need, WholeGpus):
+        return _TaskKind(request.cpu_milli, request.memory_mib, need.count, FULL_MILLI, need.products)
+    if isinstance(need, GpuShare):
+        return _TaskKind(request.cpu_milli, request.memory_mib, 0, need.milli, need.products)
+    return _TaskKind(request.cpu_milli, request.memory_mib, 0, 0, frozenset()) if need is None else None
 
 
 def _node_kinds(nodes: list[Node]) -> Counter[_NodeKind]:
@@ -195,11 +196,12 @@ class _Model:
         self.uppers: list[float] = []
         self.entries: list[tuple[Hashable, int, float]] = []
 
-    def column(self, value: float, coefficients: dict[Hashable, float], upper: float = math.inf) -> None:
+    def column(self, value: float, coefficients: dict[Hashable, float], upper: float = math.inf) -> int:
         column = len(self.values)
         self.values.append(value)
         self.uppers.append(upper)
         self.entries.extend((row, column, a) for row, a in coefficients.items() if a)
+        return column
 
     def _matrix(self) -> tuple[Any, list[Hashable], Any, Any]:
         np, sparse = _solver("numpy"), _solver("scipy.sparse")
@@ -215,6 +217,27 @@ class _Model:
         """The LP optimum and each row's price (its dual, ≥ 0)."""
         if not self.values:  # no node could hold any task: nothing can be allocated
             return 0.0, dict.fromkeys(self.limits, 0.0)
+        names, result = self._linprog()
+        if result.status != 0:
+            raise BoundUnavailable(f"HiGHS could not solve the bound's LP: {result.message}")
+        return -float(result.fun), {
+            n: max(0.0, -float(d)) for n, d in zip(names, result.ineqlin.marginals, strict=True)
+        }
+
+    def maximum(self) -> float | None:
+        """The LP optimum, or None where no point meets every row."""
+        if not self.values:
+            return 0.0 if all(limit >= 0 for limit in self.limits.values()) else None
+        _, result = self._linprog()
+        if result.status not in (0, 2):  # HiGHS's presolve can leave a hard model undecided: solve it whole
+            _, result = self._linprog(presolve=False)
+        if result.status == 2:
+            return None
+        if result.status != 0:
+            raise BoundUnavailable(f"HiGHS could not solve the bound's LP: {result.message}")
+        return -float(result.fun)
+
+    def _linprog(self, presolve: bool = True) -> tuple[list[Hashable], Any]:
         matrix, names, limits, costs = self._matrix()
         result = _solver("scipy.optimize").linprog(
             costs,
@@ -222,12 +245,9 @@ class _Model:
             b_ub=limits,
             bounds=list(zip([0.0] * len(costs), self.uppers, strict=True)),
             method="highs",
+            options={"presolve": presolve},
         )
-        if result.status != 0:
-            raise BoundUnavailable(f"HiGHS could not solve the bound's LP: {result.message}")
-        return -float(result.fun), {
-            n: max(0.0, -float(d)) for n, d in zip(names, result.ineqlin.marginals, strict=True)
-        }
+        return names, result
 
     def mip_ceiling(self) -> float:
         """An upper bound on the integer optimum: HiGHS's dual bound, so a MIP stopped early still counts."""
@@ -282,38 +302,54 @@ def _aggregate_lp(
     return value, {task: prices[task] for task in demand}
 
 
+@dataclass
+class _Columns:
+    """A node kind's columns: one placing each task kind it hosts, and its share network's arcs."""
+
+    placing: dict[_TaskKind, int] = field(default_factory=dict)
+    arcs: list[tuple[int, int, int]] = field(default_factory=list)  # (column, from milli, share milli)
+
+
 def _add_node_kind(
     model: _Model,
     kind: _NodeKind,
     count: int,
     tasks: dict[_TaskKind, tuple[float, float | None]],
     relaxation: str,
-) -> None:
-    """Columns for the tasks a node kind could hold (value, and a cap instead of a demand row if given)."""
+    stage: str | None = None,
+    part: str | None = None,
+) -> _Columns:
+    """Columns for the tasks a node kind could hold (value, and a cap instead of a demand row if given).
+
+    ``stage`` names a second copy of the cluster in one model: its rows are keyed ``(stage, …)``; ``part``
+    names a share of the kind's nodes with rows of their own.
+    """
     patterns = relaxation in ("share-patterns", "per-node")
-    model.limits[(kind, "gpus")] = count * kind.gpus
+    at: Hashable = kind if stage is None else (stage, kind) if part is None else (stage, kind, part)
+    model.limits[(at, "gpus")] = count * kind.gpus
     if not patterns:
-        model.limits[(kind, "milli")] = count * kind.gpus * FULL_MILLI
-    sizes = set()
+        model.limits[(at, "milli")] = count * kind.gpus * FULL_MILLI
+    sizes, columns = set(), _Columns()
     for task, (value, cap) in tasks.items():
         if not kind.hosts(task):
             continue
-        use: dict[Hashable, float] = {(kind, "cpu"): task.cpu, (kind, "memory"): task.memory}
+        use: dict[Hashable, float] = {(at, "cpu"): task.cpu, (at, "memory"): task.memory}
         if cap is None:
-            use[task] = 1
+            use[task if stage is None else (stage, task)] = 1
         if task.gpus or (not patterns and relaxation != "liquid" and task.milli > FULL_MILLI // 2):
-            use[(kind, "gpus")] = max(task.gpus, 1)
-        if patterns and not task.gpus:
-            use[(kind, "share", task.milli)] = 1
+            use[(at, "gpus")] = max(task.gpus, 1)
+        if patterns and task.milli and not task.gpus:
+            use[(at, "share", task.milli)] = 1
             sizes.add(task.milli)
         elif not patterns:
-            use[(kind, "milli")] = task.value
-        model.column(value, use, math.inf if cap is None else cap)
+            use[(at, "milli")] = task.value
+        columns.placing[task] = model.column(value, use, math.inf if cap is None else cap)
     if sizes:
-        _add_share_network(model, kind, sorted(sizes))
+        columns.arcs = _add_share_network(model, at, sorted(sizes))
+    return columns
 
 
-def _add_share_network(model: _Model, kind: _NodeKind, sizes: list[int]) -> None:
+def _add_share_network(model: _Model, kind: Hashable, sizes: list[int]) -> list[tuple[int, int, int]]:
     """Arc flow of shared GPUs: a unit of flow is one GPU, an arc from ``i`` to ``i + s`` milli one share of ``s``.
 
     A GPU's path from 0 adds shares until it stops at most at 1000 milli, so every flow splits into GPUs each
@@ -325,6 +361,7 @@ def _add_share_network(model: _Model, kind: _NodeKind, sizes: list[int]) -> None
         reached.update(frontier)
     for size in sizes:
         model.limits[(kind, "share", size)] = 0
+    arcs = []
     for start in reached:
         if start:
             model.limits[(kind, "flow", start)] = 0  # leaves start ≤ arrives at start
@@ -334,7 +371,8 @@ def _add_share_network(model: _Model, kind: _NodeKind, sizes: list[int]) -> None
             use[(kind, "gpus") if start == 0 else (kind, "flow", start)] = 1
             if end + sizes[0] <= FULL_MILLI:
                 use[(kind, "flow", end)] = -1
-            model.column(0.0, use)
+            arcs.append((model.column(0.0, use), start, size))
+    return arcs
 
 
 def _lagrangian(
