@@ -306,6 +306,7 @@ def _aggregate_lp(
 class _Columns:
     """A node kind's columns: one placing each task kind it hosts, and its share network's arcs."""
 
+    at: Hashable  # the key of the kind's rows: the kind, or (stage, kind[, part])
     placing: dict[_TaskKind, int] = field(default_factory=dict)
     arcs: list[tuple[int, int, int]] = field(default_factory=list)  # (column, from milli, share milli)
 
@@ -329,7 +330,7 @@ def _add_node_kind(
     model.limits[(at, "gpus")] = count * kind.gpus
     if not patterns:
         model.limits[(at, "milli")] = count * kind.gpus * FULL_MILLI
-    sizes, columns = set(), _Columns()
+    sizes, columns = set(), _Columns(at)
     for task, (value, cap) in tasks.items():
         if not kind.hosts(task):
             continue

@@ -53,10 +53,10 @@ def add_state(
     for kind, count in kinds.items():
         parts: list[str | None] = [p for p in PARTS if (kind, p) in counts]
         for part in parts or [None]:
-            at = _at(stage, (kind, part))
             nodes = count if part is None else 0  # a part's capacity follows its count column instead
-            model.limits.update({(at, "cpu"): nodes * kind.cpu, (at, "memory"): nodes * kind.memory})
             placed = _add_node_kind(model, kind, nodes, worth, "share-patterns", stage, part)
+            at = placed.at
+            model.limits.update({(at, "cpu"): nodes * kind.cpu, (at, "memory"): nodes * kind.memory})
             if part is not None:
                 size = counts[(kind, part)]
                 for resource, capacity in (("cpu", kind.cpu), ("memory", kind.memory), ("gpus", kind.gpus)):
@@ -121,7 +121,7 @@ def end_holds_then(
                     model.entries.append((row, column, 1))
                     if placed in columns.placing:
                         model.entries.append((row, columns.placing[placed], -1))
-        _extend_shares(model, _at(END, (kind, part)), columns)
+        _extend_shares(model, later.at, columns)
 
 
 def _extend_shares(model: _Model, end: Hashable, then: _Columns) -> None:
@@ -142,11 +142,6 @@ def _needs_what_it_lacks(placed: _TaskKind, part: str, task: _TaskKind) -> bool:
     if part == "gpus":
         return bool(placed.gpus) or task.milli <= placed.milli
     return bool(getattr(placed, part) >= getattr(task, part))
-
-
-def _at(stage: str, part: Part) -> Hashable:
-    kind, name = part
-    return (stage, kind) if name is None else (stage, kind, name)
 
 
 def _arcs_are_shares(model: _Model, at: Hashable, columns: _Columns) -> None:
