@@ -21,13 +21,12 @@ def whole_number(text: str) -> int:
 
 
 def seed_list(text: str) -> list[int]:
-    """Seeds as ``42``, ``42,43`` or ``42-44``."""
+    """Seeds as ``42``, ``42,43``, ``42-44`` or ``45,50-51``."""
+    seeds: list[int] = []
     try:
-        if "-" in text:
-            first, last = (int(part) for part in text.split("-", 1))
-            seeds = list(range(first, last + 1))
-        else:
-            seeds = [int(part) for part in text.split(",")]
+        for part in text.split(","):
+            first, _, last = part.partition("-")
+            seeds += range(int(first), int(last or first) + 1)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected e.g. 42, 42,43 or 42-44, got {text!r}") from None
     if not seeds:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import random
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from builders import gpu, node
 
+from gpupool.spawner.arg_types import seed_list
 from gpupool.spawner.bench.bound import arrived_tasks, placement_bound
 from gpupool.spawner.bench.placement import inflate_workload, run_placement, scale_cluster
 from gpupool.spawner.bench.trace import TraceError, load_nodes, load_pods
@@ -250,3 +252,17 @@ def test_a_run_stays_under_the_bound_holding_its_own_shares(policy: str) -> None
     outcome = share_refusal.run(nodes, pods, 42, None, policy)
     unheld = placement_bound(nodes, arrived_tasks(nodes, pods, 42)).percent
     assert outcome.allocated <= outcome.bound_holding_shares <= unheld
+
+
+@pytest.mark.parametrize(
+    ("given", "seeds"),
+    [("42", [42]), ("42,43", [42, 43]), ("42-44", [42, 43, 44]), ("45,50-51", [45, 50, 51])],
+)
+def test_seeds_are_read_as_lists_and_ranges(given: str, seeds: list[int]) -> None:
+    assert seed_list(given) == seeds
+
+
+@pytest.mark.parametrize("given", ["x", "44-42", "42,", ""])
+def test_a_bad_seed_list_says_what_was_expected(given: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="42-44"):
+        seed_list(given)

@@ -129,3 +129,21 @@ def test_gpus_with_a_cap_on_shares_are_refused() -> None:
     pods = [_pod(0, (1000, 0, 300)), _pod(1, (1000, 0, 300))]
     with pytest.raises(BoundUnavailable, match="a's T4-16GB #0"):
         work_conserving_bound(nodes, pods, common=1)
+
+
+def test_an_lp_stopped_by_its_time_limit_loosens_the_bound_and_says_so() -> None:
+    nodes = [_node("a", 2, 8000)]
+    tasks: list[Task] = [(1000, 0, 810), (1000, 0, 810), (1000, 1, 0), (1000, 1, 0)]
+    pods = [_pod(i, t) for i, t in enumerate(tasks)]
+    solved = work_conserving_bound(nodes, pods, common=1)
+    stopped = work_conserving_bound(nodes, pods, common=1, lp_seconds=1e-9)
+    assert (solved.stopped, solved.percent) == (0, 81)
+    # counted at the end state alone, which any placement of the arrivals bounds: looser, never lower
+    assert stopped.stopped == stopped.intervals > 0
+    assert stopped.percent == placement_bound(nodes, pods, "share-patterns").percent == 100
+
+
+def test_a_cluster_without_gpus_is_refused_with_the_reason() -> None:
+    nodes = [Node("cpu-only", 8000, 65_536, ())]
+    with pytest.raises(BoundUnavailable, match="no node has a GPU"):
+        work_conserving_bound(nodes, [_pod(0, (1000, 0, 300))], common=1)

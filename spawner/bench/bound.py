@@ -41,6 +41,10 @@ class BoundUnavailable(ValueError):
     """The bound cannot be computed here: no solver installed, or a cluster it does not model."""
 
 
+class SolverStopped(BoundUnavailable):
+    """HiGHS reached its time limit before it solved an LP."""
+
+
 @dataclass(frozen=True)
 class BoundResult:
     """An upper bound on allocated GPU capacity; percentages are of the cluster's GPU capacity."""
@@ -224,28 +228,33 @@ class _Model:
             n: max(0.0, -float(d)) for n, d in zip(names, result.ineqlin.marginals, strict=True)
         }
 
-    def maximum(self) -> float | None:
-        """The LP optimum, or None where no point meets every row."""
+    def maximum(self, seconds: float | None = None) -> float | None:
+        """The LP optimum, or None where no point meets every row; ``seconds`` limits each HiGHS run."""
         if not self.values:
             return 0.0 if all(limit >= 0 for limit in self.limits.values()) else None
-        _, result = self._linprog()
-        if result.status not in (0, 2):  # HiGHS's presolve can leave a hard model undecided: solve it whole
-            _, result = self._linprog(presolve=False)
+        _, result = self._linprog(seconds=seconds)
+        if result.status not in (0, 1, 2):  # presolve can leave a hard model undecided: solve it whole
+            _, result = self._linprog(presolve=False, seconds=seconds)
         if result.status == 2:
             return None
+        if result.status == 1:
+            raise SolverStopped(f"HiGHS did not solve the bound's LP within {seconds:g} s")
         if result.status != 0:
             raise BoundUnavailable(f"HiGHS could not solve the bound's LP: {result.message}")
         return -float(result.fun)
 
-    def _linprog(self, presolve: bool = True) -> tuple[list[Hashable], Any]:
+    def _linprog(self, presolve: bool = True, seconds: float | None = None) -> tuple[list[Hashable], Any]:
         matrix, names, limits, costs = self._matrix()
+        options: dict[str, object] = {"presolve": presolve}
+        if seconds is not None:
+            options["time_limit"] = seconds
         result = _solver("scipy.optimize").linprog(
             costs,
             A_ub=matrix,
             b_ub=limits,
             bounds=list(zip([0.0] * len(costs), self.uppers, strict=True)),
             method="highs",
-            options={"presolve": presolve},
+            options=options,
         )
         return names, result
 
