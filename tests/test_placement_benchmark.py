@@ -266,3 +266,22 @@ def test_seeds_are_read_as_lists_and_ranges(given: str, seeds: list[int]) -> Non
 def test_a_bad_seed_list_says_what_was_expected(given: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="42-44"):
         seed_list(given)
+
+
+def test_the_work_conserving_benchmark_adds_seeds_to_those_bounded_before(tmp_path: Path) -> None:
+    """Bounding a seed takes minutes, so a rerun of some seeds keeps the rest, and the table shows them all."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    try:
+        benchmark = importlib.import_module("work_conserving_bound")
+    finally:
+        sys.path.pop(0)
+    store = tmp_path / "work_conserving_bound.jsonl"
+
+    def row(seed: int, percent: float) -> dict[str, object]:
+        return {"seed": seed, "percent": percent, "gpupool": 95.0, "fgd": 94.0, "any placement": 99.0}
+
+    benchmark.kept_with(store, "default", [row(42, 96.9), row(43, 96.8)])
+    benchmark.kept_with(store, "gpushare40", [row(42, 97.5)])
+    rows = benchmark.kept_with(store, "default", [row(43, 96.7), row(45, 96.6)])
+    assert [(r["seed"], r["percent"]) for r in rows] == [(42, 96.9), (43, 96.7), (45, 96.6)]
+    assert len(store.read_text().splitlines()) == 4  # gpushare40's row kept beside them

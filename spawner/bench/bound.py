@@ -232,9 +232,12 @@ class _Model:
         """The LP optimum, or None where no point meets every row; ``seconds`` limits each HiGHS run."""
         if not self.values:
             return 0.0 if all(limit >= 0 for limit in self.limits.values()) else None
-        _, result = self._linprog(seconds=seconds)
-        if result.status not in (0, 1, 2):  # presolve can leave a hard model undecided: solve it whole
-            _, result = self._linprog(presolve=False, seconds=seconds)
+        # interior point first: with it seed 45's work-conserving bound takes 8 minutes, where simplex sat 44 in
+        # one LP (another it solves in 16 s against 42); simplex without presolve decides what it leaves
+        for method, presolve in (("highs-ipm", True), ("highs", False)):
+            _, result = self._linprog(presolve, seconds, method)
+            if result.status in (0, 2):
+                break
         if result.status == 2:
             return None
         if result.status == 1:
@@ -243,7 +246,9 @@ class _Model:
             raise BoundUnavailable(f"HiGHS could not solve the bound's LP: {result.message}")
         return -float(result.fun)
 
-    def _linprog(self, presolve: bool = True, seconds: float | None = None) -> tuple[list[Hashable], Any]:
+    def _linprog(
+        self, presolve: bool = True, seconds: float | None = None, method: str = "highs"
+    ) -> tuple[list[Hashable], Any]:
         matrix, names, limits, costs = self._matrix()
         options: dict[str, object] = {"presolve": presolve}
         if seconds is not None:
@@ -253,7 +258,7 @@ class _Model:
             A_ub=matrix,
             b_ub=limits,
             bounds=list(zip([0.0] * len(costs), self.uppers, strict=True)),
-            method="highs",
+            method=method,
             options=options,
         )
         return names, result

@@ -54,7 +54,8 @@ from .trace import TracePod
 
 log = logging.getLogger(__name__)
 
-LP_SECONDS = 300.0  # one LP of the default workload takes 1–80 s; one of seed 45's ran past 40 minutes
+# one LP of the default workload takes 1–60 s by interior point; simplex once sat 44 minutes in one
+LP_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
