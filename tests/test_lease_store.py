@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gpupool.spawner import cli
+from gpupool.spawner.pool.leases import new_lease_id
 from gpupool.spawner.pool.requests import GpuShare, MigSlice, Request, WholeGpus
 from gpupool.spawner.pool.state import Grant
 from gpupool.spawner.service.store.lease_store import (
@@ -117,3 +119,11 @@ def test_an_in_memory_database_keeps_its_leases_between_calls() -> None:
     store = LeaseStore("sqlite://")
     lease = store.add_queued(new())
     assert store.get(lease.id) == lease
+
+
+def test_every_new_id_can_be_typed_after_a_command() -> None:
+    """An id starting with ``-`` (one in 64 of URL-safe ids) reads as an option: ``gpupool logs -UYY…`` failed."""
+    for _ in range(2_000):
+        lease_id = new_lease_id()
+        assert len(lease_id) == 12 and not lease_id.startswith("-"), lease_id
+        assert cli._parse(["logs", lease_id]).job_id == lease_id

@@ -22,8 +22,13 @@ class LeaseState(StrEnum):
 
 
 def new_lease_id() -> str:
-    """12 URL-safe characters (72 random bits): short enough to read in a URL, never guessed or reused."""
-    return secrets.token_urlsafe(9)
+    """12 URL-safe characters (72 random bits): short enough to read in a URL, never guessed or reused.
+
+    Never one that starts with ``-``: ``gpupool logs -UYYiuLkR0bw`` would read it as an option (one id in 64).
+    """
+    while (lease_id := secrets.token_urlsafe(9)).startswith("-"):
+        pass
+    return lease_id
 
 
 def check_owner_kind(owner_kind: str) -> None:
