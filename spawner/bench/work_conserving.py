@@ -206,9 +206,7 @@ class _Switch:
     def bound(self, until: float) -> float:
         """The largest LP over a partition of the switch's arrivals, refined while time is left."""
         total = len(self.arrived)
-        never = _Model()
-        end = add_state(never, END, self.tasks.first(len(self.tasks.order)), self.kinds, {}, valued=True)
-        _place_early(never, END, end, self.tasks, self.early, len(self.tasks.order))
+        never, end = self._end_state()
         at_least(never, END, end, self.switch, total)
         best_never = self._solve(never)
         log.debug("never refused: %.1f milli", best_never)
@@ -259,11 +257,15 @@ class _Switch:
 
     def _end_alone(self) -> float:
         if self._relaxed is None:
-            model, last = _Model(), len(self.tasks.order)
-            end = add_state(model, END, self.tasks.first(last), self.kinds, {}, valued=True)
-            _place_early(model, END, end, self.tasks, self.early, last)
-            self._relaxed = _or_impossible(model.maximum())
+            self._relaxed = _or_impossible(self._end_state()[0].maximum())
         return self._relaxed
+
+    def _end_state(self) -> tuple[_Model, dict[Part, _Columns]]:
+        """The end state alone, holding what was placed from the start: what every branch relaxes to."""
+        model, last = _Model(), len(self.tasks.order)
+        end = add_state(model, END, self.tasks.first(last), self.kinds, {}, valued=True)
+        _place_early(model, END, end, self.tasks, self.early, last)
+        return model, end
 
 
 def _or_impossible(value: float | None) -> float:
