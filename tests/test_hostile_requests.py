@@ -78,6 +78,10 @@ def test_a_cull_warning_without_a_time_is_refused(tmp_path: Path, hub_api: str, 
     [
         ("post", "api/v1/warnings", '{"user": "bob", "cull_at": "soon"}'),
         ("post", "api/v1/culls", '{"limit": "whenever"}'),
+        ("post", "api/v1/admin/drain", '{"node": 7}'),
+        ("post", "api/v1/admin/undrain", '{"gpu_index": "all"}'),
+        ("post", "api/v1/admin/faults", '{"node": "gpu-a", "gpu_index": -1.5}'),
+        ("post", "api/v1/admin/repair", "{}"),
     ],
 )
 def test_a_caller_without_the_scope_is_refused_before_their_body_is_read(

@@ -121,3 +121,14 @@ def manager(what: str) -> Any:
         return caller
 
     return Depends(caller_who_manages)
+
+
+def administrator(what: str) -> Any:
+    """A dependency giving the caller, or 403 ``admin_required`` unless they hold ``custom:gpupool:admin``,
+    before the body is validated, as :func:`manager` does for the hub's scope."""
+
+    async def caller_who_administers(caller: CallerDep) -> Caller:
+        caller.check_admin(what)
+        return caller
+
+    return Depends(caller_who_administers)

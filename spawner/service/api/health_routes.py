@@ -10,13 +10,13 @@
   (an admin's or the telemetry's) are lifted and queued work is admitted.
 - ``GET api/v1/admin/health``: every drained or unhealthy node and GPU, with the reason and the leases on it.
 
-All need ``custom:gpupool:admin`` (403 otherwise); an unknown node or GPU is a 400 naming the field.
+All need ``custom:gpupool:admin`` (403 otherwise, before the body is read); an unknown node or GPU is a 400 naming the field.
 The drains and faults themselves live in :class:`..leasing.health.HealthKeeper`. No ``from __future__ import
 annotations`` here: FastAPI must evaluate the route signatures.
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...pool.devices import Health
 from .auth import Caller
-from .context import CallerDep, PartsDep, ServiceParts
+from .context import CallerDep, PartsDep, ServiceParts, administrator
 from .models import Problem
 
 
@@ -67,28 +67,32 @@ router = APIRouter(prefix="/admin")
 
 
 @router.post("/drain", response_model=MarkedOut, summary="Drain a node or GPU: no new work; jobs requeued")
-async def post_drain(body: DeviceRequest, parts: PartsDep, caller: CallerDep) -> Any:
-    caller.check_admin("drain")
+async def post_drain(
+    body: DeviceRequest, parts: PartsDep, caller: Annotated[Caller, administrator("drain")]
+) -> Any:
     return _marked(parts, body, caller, parts.health.drain)
 
 
 @router.post("/undrain", response_model=HealthOut, summary="Undrain a node or GPU; queued work is admitted")
-async def post_undrain(body: DeviceRequest, parts: PartsDep, caller: CallerDep) -> Any:
-    caller.check_admin("undrain")
+async def post_undrain(
+    body: DeviceRequest, parts: PartsDep, caller: Annotated[Caller, administrator("undrain")]
+) -> Any:
     return _lifted(body, parts.health.undrain)
 
 
 @router.post("/faults", response_model=MarkedOut, summary="Mark a node or GPU unhealthy until it is repaired")
-async def post_fault(body: DeviceRequest, parts: PartsDep, caller: CallerDep) -> Any:
-    caller.check_admin("mark devices unhealthy")
+async def post_fault(
+    body: DeviceRequest, parts: PartsDep, caller: Annotated[Caller, administrator("mark devices unhealthy")]
+) -> Any:
     return _marked(parts, body, caller, parts.health.fault)
 
 
 @router.post(
     "/repair", response_model=HealthOut, summary="A node or GPU was repaired: lift its unhealthy marks"
 )
-async def post_repair(body: DeviceRequest, parts: PartsDep, caller: CallerDep) -> Any:
-    caller.check_admin("repair")
+async def post_repair(
+    body: DeviceRequest, parts: PartsDep, caller: Annotated[Caller, administrator("repair")]
+) -> Any:
     return _lifted(body, parts.health.repair)
 
 
