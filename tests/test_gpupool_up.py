@@ -416,6 +416,28 @@ def test_a_broken_profiles_or_quotas_file_stops_gpupool_up_on_the_terminal_befor
         httpx.get(f"http://127.0.0.1:{port}/hub/login", timeout=2)
 
 
+def test_a_config_file_that_raises_stops_gpupool_up_before_anyone_is_invited_to_log_in(
+    tmp_path: Path,
+) -> None:
+    """A trial found the login line and password printed above the traceback of an ``-f`` file that raised."""
+    config = tmp_path / "typo_config.py"
+    config.write_text("c = get_config()  # noqa\nc.JupyterHub.log_level = DEBUG\n")  # a name, not a string
+    port = free_port_family()
+    result = subprocess.run(
+        up_command(
+            *("--port", str(port), "--pool", str(DEMO_POOL)),
+            *("--state-dir", str(tmp_path / "state"), "-f", str(config)),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    said = result.stdout + result.stderr
+    assert result.returncode != 0 and "name 'DEBUG' is not defined" in said, said
+    assert "gpupool: state in" in result.stdout  # the lines before the start are still there
+    assert "Log in at" not in said and "password" not in said
+
+
 def _children(pid: int) -> dict[int, str]:
     """The processes whose parent is ``pid``, with their command lines."""
     found = {}

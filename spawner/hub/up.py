@@ -31,6 +31,7 @@ from .compat import service_start_timeout
 from .up_checks import UpError as UpError  # the error gpupool up's callers catch
 from .up_checks import check_data_files, check_ports, check_request
 from .up_environment import UP_SETTINGS_ENV, cull_every_seconds, passed_on, user_path
+from .up_ready import say_when_answering
 
 if TYPE_CHECKING:
     from ..backends.discovery import DiscoveredPool
@@ -280,11 +281,12 @@ def roles(admins: list[str]) -> list[dict[str, object]]:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A ready start: JupyterHub's arguments and environment, and the lines to print first."""
+    """A ready start: JupyterHub's arguments and environment, and the lines to print."""
 
     hub_args: list[str]
     env: dict[str, str]
-    messages: list[str]
+    messages: list[str]  # the last (where to log in) waits for ``ready``: a failed start invites no one
+    ready: str  # the hub's health page through the proxy, which answers whatever the authenticator
 
     @property
     def argv(self) -> list[str]:
@@ -335,11 +337,11 @@ def prepare(
     env = dict(environ) | {ENV: settings.to_env()}
     if settings.kubeconfig:
         env["KUBECONFIG"] = settings.kubeconfig  # KubeSpawner's client reads it when first imported
-    return Prepared(["-f", str(embedded_config())], env, messages)
+    return Prepared(["-f", str(embedded_config())], env, messages, f"{settings.public_url}/hub/health")
 
 
 def _start_messages(settings: UpSettings, found: DiscoveredPool | None) -> list[str]:
-    """What ``gpupool up`` tells the terminal before the hub starts: the pool, the state, where to log in."""
+    """What ``gpupool up`` tells the terminal: the pool, the state, and last where to log in."""
     if found is None:
         messages = [
             f"gpupool: pool from the Kubernetes cluster of {settings.kubeconfig}; servers are pods in namespace "
@@ -386,9 +388,10 @@ def run(prepared: Prepared) -> None:
     """Print the start-up lines, then run JupyterHub in this process, in the prepared environment, until it
     stops. As ``exec`` of :attr:`Prepared.argv` would, less a second interpreter's start and the imports this
     one has done already (a tenth of a second of the login page's wait)."""
-    for line in prepared.messages:
+    for line in prepared.messages[:-1]:
         print(line, flush=True)
     sys.stderr.flush()
+    say_when_answering(prepared.ready, prepared.messages[-1])
     os.environ.clear()
     os.environ.update(prepared.env)  # before JupyterHub imports anything that reads it (KUBECONFIG)
     from .app import main
