@@ -225,6 +225,7 @@ def test_two_users_start_at_once_and_get_disjoint_devices_pinned_in_their_enviro
 
 
 def test_an_unknown_profile_is_a_400_listing_the_valid_slugs(hub: Hub) -> None:
+    logged_before = hub.log.stat().st_size
     with hub.admin() as admin:
         response = admin.post(f"{hub.hub_api}/users/dave/server", json={"profile": "nope"})
         assert response.status_code == 400, response.text
@@ -234,6 +235,11 @@ def test_an_unknown_profile_is_a_400_listing_the_valid_slugs(hub: Hub) -> None:
         assert _server(hub, admin, "dave") is None
         active = admin.get(f"{hub.service_api}/leases", params={"active_only": True}).json()
         assert [lease for lease in active if lease["user"] == "dave"] == []
+    with hub.log.open("rb") as log:
+        log.seek(logged_before)
+        logged = log.read().decode(errors="replace")
+    # the admin reading the hub's log finds the user's mistake in a line, not under a traceback of our check
+    assert "unknown profile 'nope'" in logged and "Traceback" not in logged, logged
 
 
 def test_a_rest_spawn_with_a_walltime_past_the_lifetime_is_a_400_and_a_fitting_one_reaches_the_lease(

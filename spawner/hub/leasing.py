@@ -11,13 +11,12 @@ Lifecycle contract, on top of JupyterHub's:
   lease; while it is queued, poll it every ``lease_poll_interval`` seconds and report the queue position
   through ``progress()``. A service that does not answer (restarting: it restores the queue from its store)
   is waited for. Give up after the profile's ``queue_wait`` (:mod:`.queue_wait`), else shortly before
-  ``start_timeout``, releasing the lease, saying what it waited for.
-  Once granted, :meth:`GpuLeasing.apply_lease` pins the server to it and the base spawner starts it.
+  ``start_timeout``, releasing the lease, saying what it waited for. Once granted,
+  :meth:`GpuLeasing.apply_lease` pins the server to it and the base spawner starts it.
 - ``get_state``/``load_state`` keep the lease id beside the base spawner's state: a restarted hub knows it.
 - ``stop()``, or a ``poll()`` that finds the server gone: what the server left running on the lease's devices
   is ended (:meth:`GpuLeasing.end_leftovers`), then the lease is released, once per spawner (a repeated
-  release changes nothing, so a hub restart between the two is harmless too).
-  ``clear_state`` never forgets a lease that was not released: it is kept for the next release attempt.
+  release changes nothing, so a hub restart between them is harmless). ``clear_state`` keeps an unreleased one.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from ..pool.profiles import Profile, UnknownProfile
 from . import form
 from .compat import SpawnException
 from .queue_wait import queue_deadline
+from .refusal_log import log_refusals_in_one_line
 
 TOKEN_ENV = "GPUPOOL_API_TOKEN"
 _STATE_KEY = "gpupool_lease_id"
@@ -48,11 +48,10 @@ _SERVICE_DOWN = (0, 502, 503, 504)  # unreachable, or the proxy's answer while t
 
 
 class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its classes are Any
-    """The lease half of a GPU spawner: put it before a concrete spawner class among the bases, e.g.
-    ``class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner)``; see the module docstring.
-
-    A subclass says what a granted lease means for its servers in :meth:`apply_lease`; the rest (asking,
-    queueing with progress events, keeping the lease in the state, releasing it exactly once) is here."""
+    """The lease half of a GPU spawner, put before a concrete spawner class among the bases, e.g.
+    ``class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner)``. A subclass says what a granted lease means for
+    its servers in :meth:`apply_lease`; the rest (asking, queueing with progress events, keeping the lease in
+    the state, releasing it exactly once) is here."""
 
     service_url = Unicode(
         config=True,
@@ -61,7 +60,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         Default: the proxy's public URL (a wildcard host becomes 127.0.0.1) plus ``{SERVICE_PREFIX}``, which
         suits the embedded hub. Set it to the service's own address to skip the proxy::
 
-            c.LocalGPUSpawner.service_url  # or c.KubeGPUSpawner = "http://127.0.0.1:10101{SERVICE_PREFIX}"
+            c.LocalGPUSpawner.service_url = "http://127.0.0.1:10101{SERVICE_PREFIX}"  # or c.KubeGPUSpawner
 
         It is also what the single-user server gets in ``GPUPOOL_SERVICE_URL``.""",
     )
@@ -101,6 +100,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        log_refusals_in_one_line(self.log)  # the hub's logger: a refused spawn is a sentence, not a traceback
         self._lease_env: dict[str, str] = {}
         self._released: set[str] = set()
         self._unreleased: set[str] = set()  # leases clear_state took off lease_id before they were released
