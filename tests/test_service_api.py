@@ -67,6 +67,13 @@ def _new_lease(hub: Hub, user: str, profile: str = "mig-3g", **body: Any) -> dic
     return lease
 
 
+def _release(hub: Hub, lease: dict[str, Any]) -> None:
+    """Give ``lease`` back as the hub's spawner does when its server stops (users cannot release leases)."""
+    with hub.as_user("hub-client") as spawner:
+        response = spawner.delete(f"/leases/{lease['id']}")
+    assert response.status_code == 200, response.text
+
+
 def test_the_openapi_document_loads_through_the_proxy(hub: Hub) -> None:
     document = httpx.get(f"{hub.service_api}/openapi.json", timeout=10).json()
     paths = set(document["paths"])
@@ -111,7 +118,7 @@ def test_the_metrics_page_parses_and_matches_the_pool_and_its_leases(hub: Hub) -
             if gpu["uuid"] in totals:
                 assert totals[gpu["uuid"]] == gpu["memory_mib"] * 2**20
         assert totals, "the sampler has not reported any GPU yet"
-        alice.delete(f"/leases/{lease['id']}")
+        _release(hub, lease)
 
     def quota_refusals() -> float:
         page = httpx.get(url, headers={"Authorization": f"token {ADMIN_TOKEN}"}, timeout=10).text
@@ -121,11 +128,11 @@ def test_the_metrics_page_parses_and_matches_the_pool_and_its_leases(hub: Hub) -
         return next(s.value for s in family.samples if s.labels["reason"] == "quota")
 
     before = quota_refusals()
-    with hub.as_user("carol") as carol, hub.as_user("hub-client") as spawner:
+    with hub.as_user("hub-client") as spawner:
         held = _new_lease(hub, "carol", "mig-1g")
         body = {"profile": "mig-1g", "owner_kind": "server", "owner_name": "second", "user": "carol"}
         assert spawner.post("/leases", json=body).status_code == 403
-        carol.delete(f"/leases/{held['id']}")
+        _release(hub, held)
     assert quota_refusals() == before + 1
 
 
@@ -156,10 +163,18 @@ def test_alice_gets_a_mig_slice_and_releasing_it_returns_the_capacity(hub: Hub) 
         assert not _mig_instance(alice.get("/pool").json(), device["uuid"])["free"]
         assert lease["id"] in {mine["id"] for mine in alice.get("/leases").json()}
 
-        released = alice.delete(f"/leases/{lease['id']}")
+        # a trial freed her running server's slice this way, and it went to another user's job meanwhile
+        kept = alice.delete(f"/leases/{lease['id']}")
+        assert kept.status_code == 409 and "stop the server" in kept.json()["detail"], kept.text
+        assert not _mig_instance(alice.get("/pool").json(), device["uuid"])["free"]
+
+        with hub.as_user("hub-client") as spawner:  # as when her server stops
+            released = spawner.delete(f"/leases/{lease['id']}")
         assert released.status_code == 200, released.text
         assert released.json()["state"] == "released"
         assert _mig_instance(alice.get("/pool").json(), device["uuid"])["free"]
+        again = alice.delete(f"/leases/{lease['id']}")  # a released lease: releasing it again changes nothing
+        assert again.status_code == 200 and again.json()["state"] == "released"
 
 
 def test_bob_can_neither_see_nor_release_alices_lease(hub: Hub) -> None:
@@ -171,7 +186,7 @@ def test_bob_can_neither_see_nor_release_alices_lease(hub: Hub) -> None:
         assert bob.get("/leases/no-such-lease").status_code == 404
         assert lease["id"] not in {theirs["id"] for theirs in bob.get("/leases").json()}
         assert alice.get(f"/leases/{lease['id']}").json()["state"] == "granted"
-        alice.delete(f"/leases/{lease['id']}")
+    _release(hub, lease)
 
 
 def test_only_the_hubs_spawners_make_leases(hub: Hub) -> None:
@@ -198,7 +213,7 @@ def test_only_the_hubs_spawners_make_leases(hub: Hub) -> None:
 
 
 def test_a_quota_from_the_quotas_file_refuses_with_the_limit_named(hub: Hub) -> None:
-    with hub.as_user("carol") as carol, hub.as_user("hub-client") as spawner:
+    with hub.as_user("hub-client") as spawner:
         first = _new_lease(hub, "carol", "mig-1g")
         refused = spawner.post(
             "/leases", json={"profile": "mig-3g", "owner_kind": "server", "owner_name": "b", "user": "carol"}
@@ -207,7 +222,7 @@ def test_a_quota_from_the_quotas_file_refuses_with_the_limit_named(hub: Hub) -> 
         problem = refused.json()
         assert problem["error"] == "quota_exceeded"
         assert "carol's quota allows 1 MIG slice at once" in problem["detail"], problem["detail"]
-        assert carol.delete(f"/leases/{first['id']}").status_code == 200
+        _release(hub, first)
         _new_lease(hub, "carol", "mig-3g")  # with the first one given back, the second fits the quota
 
 
@@ -288,7 +303,7 @@ def test_the_quota_says_what_carol_may_hold_and_what_she_holds(hub: Hub) -> None
         assert bob.get("/quota", params={"user": "carol"}).status_code == 403
         assert spawner.get("/quota", params={"user": "carol"}).json()["summary"] == mine["summary"]
         assert bob.get("/quota").json()["summary"] == "Your quota: no limits"
-        assert carol.delete(f"/leases/{lease['id']}").status_code == 200
+        _release(hub, lease)
         assert carol.get("/quota").json()["summary"] == "Your quota: 1 MIG slice, 0 held"
 
 

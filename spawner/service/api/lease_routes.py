@@ -168,10 +168,28 @@ async def get_lease_resources(lease_id: str, parts: PartsDep, caller: CallerDep)
     )
 
 
-@router.delete("/leases/{lease_id}", summary="Release a lease; releasing twice changes nothing")
+@router.delete(
+    "/leases/{lease_id}",
+    summary="Release a lease (the hub's spawners and admins); releasing twice changes nothing",
+)
 async def delete_lease(lease_id: str, parts: PartsDep, caller: CallerDep) -> LeaseOut:
-    _visible_lease(parts.manager, caller, lease_id)
+    """A user gives devices back by stopping the server or cancelling the job that holds them: a lease released
+    under a running server would hand its devices to the next user while the server still uses them. Admins
+    may (the console's "Release lease"); the service's reconciliation then stops the server."""
+    lease = _visible_lease(parts.manager, caller, lease_id)
+    if not caller.sees_everyone and lease.state is not LeaseState.RELEASED:
+        raise HTTPException(status.HTTP_409_CONFLICT, _give_back_instead(lease))
     return lease_out(parts, parts.manager.release(lease_id, f"released by {caller.kind} {caller.name}"))
+
+
+def _give_back_instead(lease: Lease) -> str:
+    if lease.owner_kind == "job":
+        return f"lease {lease.id} is job {lease.owner_name}'s: cancel the job (gpupool cancel {lease.owner_name})"
+    server = f"server {lease.owner_name!r}" if lease.owner_name else "default server"
+    return (
+        f"lease {lease.id} is your {server}'s: stop the server (File > Hub Control Panel > Stop My Server) "
+        "and its devices go back"
+    )
 
 
 def lease_out(parts: ServiceParts, lease: Lease) -> LeaseOut:
