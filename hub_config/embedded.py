@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from gpupool.spawner.hub import up
+from gpupool.spawner.hub.up_running import HUB_PID_FILE, PROXY_PID_FILE
 
 c = get_config()  # type: ignore[name-defined]  # noqa: F821  (JupyterHub provides it)
 settings = up.UpSettings.from_env(os.environ)
@@ -31,8 +32,8 @@ c.JupyterHub.proxy_class = "gpupool.spawner.hub.proxy.RoutedAtStartProxy"
 # kept too: a proxy left running by a killed hub is then picked up again instead of blocking the port.
 c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
 c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
-c.JupyterHub.pid_file = str(state / "jupyterhub.pid")
-c.ConfigurableHTTPProxy.pid_file = str(state / "jupyterhub-proxy.pid")
+c.JupyterHub.pid_file = str(state / HUB_PID_FILE)  # read before a start: is a hub running here?
+c.ConfigurableHTTPProxy.pid_file = str(state / PROXY_PID_FILE)
 c.ConfigurableHTTPProxy.auth_token = up.read_or_create_secret(state / "proxy-auth-token")
 
 # The gpupool service owns the pool; the culler stops idle servers (their leases go back with them); the

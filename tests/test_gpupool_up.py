@@ -416,6 +416,33 @@ def test_a_broken_profiles_or_quotas_file_stops_gpupool_up_on_the_terminal_befor
         httpx.get(f"http://127.0.0.1:{port}/hub/login", timeout=2)
 
 
+def test_a_second_gpupool_up_is_refused_and_leaves_the_running_hub_alone(start: tuple[Path, int]) -> None:
+    """A trial ran ``make run`` twice in one clone: the second start stopped the first one's proxy (port 8000
+    dead for 5 s), printed a login line, then died with a traceback and left its own pid in the pid file."""
+    tmp, port = start
+    up = start_up(tmp, tmp / "state", port, extra_config(tmp))
+    try:
+        proxy_pid = (tmp / "state" / "jupyterhub-proxy.pid").read_text()
+        hub_pid = (tmp / "state" / "jupyterhub.pid").read_text()
+        same_folder = ("--port", str(port + 5), "--state-dir", str(tmp / "state"))
+        same_port = ("--port", str(port), "--state-dir", str(tmp / "other"))
+        for args, said in (
+            (same_folder, f"a hub already runs from {tmp / 'state'} (pid {up.process.pid})"),
+            (same_port, f"--port {port}: something already listens on 127.0.0.1:{port}"),
+        ):
+            second = subprocess.run(
+                up_command(*args, "--pool", str(DEMO_POOL)), capture_output=True, text=True, timeout=60
+            )
+            assert second.returncode == 2 and said in second.stderr, second.stderr
+            assert "Log in at" not in second.stdout + second.stderr and "Traceback" not in second.stderr
+        assert (tmp / "state" / "jupyterhub-proxy.pid").read_text() == proxy_pid
+        assert (tmp / "state" / "jupyterhub.pid").read_text() == hub_pid
+        assert httpx.get(f"{up.url}/hub/login", timeout=5).status_code == 200
+        assert not (tmp / "other").exists()  # refused before anything was written
+    finally:
+        up.stop()
+
+
 def test_a_config_file_that_raises_stops_gpupool_up_before_anyone_is_invited_to_log_in(
     tmp_path: Path,
 ) -> None:

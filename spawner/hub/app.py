@@ -1,4 +1,5 @@
-"""The JupyterHub application ``gpupool up`` runs: JupyterHub, with its users' servers stopped before its services.
+"""The JupyterHub application ``gpupool up`` runs: JupyterHub, with its users' servers stopped before its services,
+and where to log in said once it has started.
 
 JupyterHub's shutdown stops the managed services first and the single-user servers after them. A gpupool
 server's stop hands its lease back to the gpupool service, which by then is gone: every release failed, was
@@ -13,6 +14,7 @@ import asyncio
 import atexit
 
 from jupyterhub.app import JupyterHub  # type: ignore[import-untyped]
+from traitlets import Unicode
 
 
 class GpupoolHub(JupyterHub):  # type: ignore[misc]
@@ -20,9 +22,18 @@ class GpupoolHub(JupyterHub):  # type: ignore[misc]
     proxy never outlives a Ctrl-C that comes while it is still starting (JupyterHub handles the signal only
     once it has started: before, the interrupt ends the process without its cleanup)."""
 
+    started_message = Unicode(
+        "",
+        help="""A line printed once the hub has started, its proxy and services up (``gpupool up``: where to
+        log in, with the demo password), so that a start that fails, such as an ``-f`` file that raises,
+        invites no one to log in. Empty: none.""",
+    )
+
     async def start(self) -> None:
         atexit.register(self._stop_proxy_left_running)
         await super().start()
+        if self.started_message:
+            print(self.started_message, flush=True)
 
     def _stop_proxy_left_running(self) -> None:
         process = getattr(self.proxy, "proxy_process", None)

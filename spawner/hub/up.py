@@ -31,7 +31,7 @@ from .compat import service_start_timeout
 from .up_checks import UpError as UpError  # the error gpupool up's callers catch
 from .up_checks import check_data_files, check_ports, check_request
 from .up_environment import UP_SETTINGS_ENV, cull_every_seconds, passed_on, user_path
-from .up_ready import say_when_answering
+from .up_running import check_not_running
 
 if TYPE_CHECKING:
     from ..backends.discovery import DiscoveredPool
@@ -285,8 +285,7 @@ class Prepared:
 
     hub_args: list[str]
     env: dict[str, str]
-    messages: list[str]  # the last (where to log in) waits for ``ready``: a failed start invites no one
-    ready: str  # the hub's health page through the proxy, which answers whatever the authenticator
+    messages: list[str]  # the last (where to log in) once the hub has started: a failed start invites no one
 
     @property
     def argv(self) -> list[str]:
@@ -308,7 +307,7 @@ def prepare(
 ) -> Prepared:
     """Check the request, create the state folder and its secrets; raise :class:`UpError` saying what to fix."""
     check_request(ip, pool, extra_config, demo_login, kubeconfig)
-    check_ports(port, ports)
+    check_not_running(Path(state_dir).resolve(), ip, check_ports(port, ports))
     check_data_files(environ)
     cull_every_seconds(environ)  # a bad GPUPOOL_CULL_EVERY_SECONDS stops gpupool up here, naming it
     # here, not at the top: the hub's process imports this module too (embedded.py) and discovers nothing
@@ -337,7 +336,7 @@ def prepare(
     env = dict(environ) | {ENV: settings.to_env()}
     if settings.kubeconfig:
         env["KUBECONFIG"] = settings.kubeconfig  # KubeSpawner's client reads it when first imported
-    return Prepared(["-f", str(embedded_config())], env, messages, f"{settings.public_url}/hub/health")
+    return Prepared(["-f", str(embedded_config())], env, messages)
 
 
 def _start_messages(settings: UpSettings, found: DiscoveredPool | None) -> list[str]:
@@ -391,9 +390,9 @@ def run(prepared: Prepared) -> None:
     for line in prepared.messages[:-1]:
         print(line, flush=True)
     sys.stderr.flush()
-    say_when_answering(prepared.ready, prepared.messages[-1])
     os.environ.clear()
     os.environ.update(prepared.env)  # before JupyterHub imports anything that reads it (KUBECONFIG)
-    from .app import main
+    from .app import GpupoolHub
 
-    main(argv=prepared.hub_args)
+    GpupoolHub.instance(started_message=prepared.messages[-1])  # the instance launch_instance runs
+    GpupoolHub.launch_instance(argv=prepared.hub_args)

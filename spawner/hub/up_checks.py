@@ -45,8 +45,9 @@ def check_request(
         raise UpError(f"--kubeconfig {kubeconfig}: no such file (gpupool kube up prints the path of its own)")
 
 
-def check_ports(port: int, ports: tuple[int | None, int | None, int | None]) -> None:
-    """Every port in range, and no two the same (the internal ones default to ``port`` + 1, + 81, + 2101)."""
+def check_ports(port: int, ports: tuple[int | None, int | None, int | None]) -> dict[str, int]:
+    """Every port in range, and no two the same (the internal ones default to ``port`` + 1, + 81, + 2101);
+    each port by the flag that sets it."""
     derived = (port + 1, port + 81, port + 2101)
     named = {"--port": port}
     for flag, given, default in zip(
@@ -63,6 +64,7 @@ def check_ports(port: int, ports: tuple[int | None, int | None, int | None]) -> 
         if value in taken:
             raise UpError(f"{flag} {value}: {taken[value]} uses that port already; give each its own")
         taken[value] = flag
+    return named
 
 
 def check_data_files(environ: Mapping[str, str]) -> None:
