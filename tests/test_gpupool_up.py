@@ -157,9 +157,9 @@ def _demo_hub_api(up: Up) -> httpx.Client:
     return httpx.Client(base_url=f"{up.url}/hub/api", headers={"Authorization": f"token {token}"}, timeout=30)
 
 
-def _start_demo_server(up: Up, hub: httpx.Client) -> dict[str, Any]:
-    """Start the demo user's CPU server through the hub's API and wait until it is ready."""
-    started = hub.post("/users/demo/server", json={"profile": "cpu"})
+def _start_demo_server(up: Up, hub: httpx.Client, profile: str = "cpu") -> dict[str, Any]:
+    """Start the demo user's server (CPU only by default) through the hub's API and wait until it is ready."""
+    started = hub.post("/users/demo/server", json={"profile": profile})
     assert started.status_code in (201, 202), started.text
     deadline = time.monotonic() + 90
     while not (server := hub.get("/users/demo").json()["servers"].get("", {})).get("ready"):
@@ -167,6 +167,23 @@ def _start_demo_server(up: Up, hub: httpx.Client) -> dict[str, Any]:
         time.sleep(0.2)
     ready: dict[str, Any] = server
     return ready
+
+
+def test_the_admin_starts_a_profile_kept_for_a_group_as_the_spawn_form_offers_it(
+    start: tuple[Path, int],
+) -> None:
+    """A trial found the form offering the demo admin "Two NVLinked A100s" (for gpu-users) and every start of
+    it refused by the service with 403: the hub's spawner sent the user's groups but not that they are admin."""
+    tmp, port = start
+    up = start_up(tmp, tmp / "state", port, extra_config(tmp))
+    try:
+        with contextlib.closing(_demo_hub_api(up)) as hub:
+            assert "gpu-users" not in hub.get("/users/demo").json()["groups"]
+            server = _start_demo_server(up, hub, "a100-pair")
+            assert environ_of(int(server["state"]["pid"]))["CUDA_VISIBLE_DEVICES"].count("GPU-") == 2
+            assert hub.delete("/users/demo/server").status_code in (202, 204)
+    finally:
+        up.stop()
 
 
 def test_a_stopped_hub_returns_its_servers_leases_before_its_service_goes(start: tuple[Path, int]) -> None:

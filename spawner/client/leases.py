@@ -73,9 +73,10 @@ class ServiceClient(Connection):
         owner_name: str = "",
         walltime: float | None = None,
         environment: str | None = None,
+        admin: bool = False,
     ) -> dict[str, Any]:
-        """``POST leases`` for ``user``: the lease, ``granted`` (with devices) or ``queued`` (with
-        ``position`` and ``waiting_message``)."""
+        """``POST leases`` for ``user`` (``admin``: a hub admin, who may use every profile): the lease,
+        ``granted`` (with devices) or ``queued`` (with ``position`` and ``waiting_message``)."""
         body = {
             "profile": profile,
             "owner_kind": owner_kind,
@@ -84,6 +85,7 @@ class ServiceClient(Connection):
             "groups": sorted(groups),
             **({"walltime": walltime} if walltime is not None else {}),
             **({"environment": environment} if environment else {}),
+            **({"admin": True} if admin else {}),
         }
         return cast(dict[str, Any], await self.acall("POST", "leases", json=body))
 

@@ -331,7 +331,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         down = False
         while True:
             try:
-                asks = form.lease_options(self.user_options, profile)
+                asks = form.lease_options(self.user_options, profile) | {"admin": bool(self.user.admin)}
                 return await service.create_lease(
                     *(self.user.name, self.user_groups, profile.slug), owner_name=self.name, **asks
                 )

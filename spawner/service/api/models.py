@@ -40,6 +40,11 @@ class LeaseRequest(BaseModel):
         default=None,
         description="the user's groups, for profile rules and group quotas",
     )
+    admin: bool = Field(
+        default=False,
+        strict=True,
+        description="the user is a hub admin, who may use every profile (as the spawn form offers them)",
+    )
     environment: str | None = Field(
         default=None, max_length=63, description="one of the profile's environments; default: its default one"
     )
