@@ -180,7 +180,12 @@ def test_alice_gets_a_mig_slice_and_releasing_it_returns_the_capacity(hub: Hub) 
 def test_bob_can_neither_see_nor_release_alices_lease(hub: Hub) -> None:
     with hub.as_user("alice") as alice, hub.as_user("bob") as bob:
         lease = _new_lease(hub, "alice")
-        for refused in (bob.get(f"/leases/{lease['id']}"), bob.delete(f"/leases/{lease['id']}")):
+        peeks = (
+            f"/leases/{lease['id']}",
+            f"/leases/{lease['id']}/resources",
+            f"/activity/leases/{lease['id']}",
+        )
+        for refused in (*(bob.get(peek) for peek in peeks), bob.delete(f"/leases/{lease['id']}")):
             assert refused.status_code == 403, refused.text
             assert "alice" not in refused.text  # whose it is stays private
         assert bob.get("/leases/no-such-lease").status_code == 404

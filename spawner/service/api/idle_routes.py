@@ -119,7 +119,7 @@ def _may_see(caller: Caller, user: str, what: str) -> None:
 @router.get("/activity/leases/{lease_id}", summary="A lease's GPU activity and its profile's limits")
 async def lease_activity(lease_id: str, parts: PartsDep, caller: CallerDep) -> dict[str, Any]:
     lease = parts.manager.get(lease_id)
-    _may_see(caller, lease.user, "leases")
+    caller.check_may_see(lease.user, f"lease {lease_id}")  # not whose: the caller named only the lease
     return activity_of(parts, lease)
 
 
