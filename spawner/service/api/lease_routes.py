@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import PurePath
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, Depends, HTTPException, Query, status
 
 from ...inventory import describe_pool
 from ...kube.resources import kube_grant
@@ -88,16 +88,24 @@ async def get_quota(
     return QuotaOut(user=name, limits=rows, summary=standing_in_words(limits, totals))
 
 
-@router.post("/leases", status_code=status.HTTP_201_CREATED, summary="Ask for a lease (granted or queued)")
-async def post_lease(body: LeaseRequest, parts: PartsDep, caller: CallerDep) -> LeaseOut:
-    """Only the hub's spawners make leases, each for the server it starts; a job's lease comes with the job
-    (``POST jobs``). A lease anyone else made would have no server or job behind it to give it back."""
+async def hubs_spawner(caller: CallerDep) -> Caller:
+    """The caller, if it is the hub's spawner (``custom:gpupool:leases``); 403 otherwise, before the body is
+    read, so that no one else learns what a lease request holds from how theirs was wrong."""
     if not caller.acts_for_others:
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
             f"{caller.kind} {caller.name} may not make leases: a server gets its lease from the hub's spawner "
             "when it starts, a job with POST jobs",
         )
+    return caller
+
+
+@router.post("/leases", status_code=status.HTTP_201_CREATED, summary="Ask for a lease (granted or queued)")
+async def post_lease(
+    body: LeaseRequest, parts: PartsDep, caller: Annotated[Caller, Depends(hubs_spawner)]
+) -> LeaseOut:
+    """Only the hub's spawners make leases, each for the server it starts; a job's lease comes with the job
+    (``POST jobs``). A lease anyone else made would have no server or job behind it to give it back."""
     if body.owner_kind == "job":
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
