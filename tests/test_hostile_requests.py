@@ -261,3 +261,22 @@ def test_a_followed_log_ends_once_the_hub_no_longer_accepts_its_token(
         with pytest.raises(TimeoutError):  # accepted, the stream goes on while the job waits
             asyncio.run(follow(revoke=False))
         assert asyncio.run(follow(revoke=True)) == 200  # revoked, it ends
+
+
+@pytest.mark.parametrize("sent_as", ["application/x-www-form-urlencoded", "text/plain; charset=utf-8"])
+def test_json_sent_as_a_form_or_text_is_refused_naming_the_content_type(
+    tmp_path: Path, hub_api: str, sent_as: str
+) -> None:
+    """A trial's ``curl -d '{"command": ["true"], "profile": "cpu"}' …/jobs`` (curl says it is a form) got
+    "body: Input should be a valid dictionary", about a body that is one."""
+    service = Service(tmp_path, hub_api)
+    headers = {"Authorization": "token alice-token", "Content-Type": sent_as}
+    with Client(service.app) as client:
+        answer = client.runner.run(
+            client.http.post(f"{PREFIX}api/v1/jobs", headers=headers, content=json.dumps(JOB))
+        )
+    assert answer.status_code == 415, answer.text
+    assert answer.json()["detail"] == (
+        f"body: send JSON with Content-Type: application/json, not {sent_as.split(';')[0]}"
+    )
+    assert service.parts.jobs.all_jobs() == []

@@ -13,7 +13,8 @@ Status codes, mapped once in :func:`_problem_handlers`:
   administrators make), a profile the user's groups may not use, or a quota (``error: "quota_exceeded"``, the
   detail names the limit: releasing a lease, not waiting, is what helps, so it is not a 429);
 - 403 also for a lease of another user (whose it is is not said), 404 — no such lease;
-- 409 — a profile this pool can never serve (queueing it would wait forever).
+- 409 — a profile this pool can never serve (queueing it would wait forever);
+- 415 — a body sent as anything but JSON (``curl -d`` without ``-H 'Content-Type: application/json'``).
 """
 
 from collections.abc import Callable
@@ -203,6 +204,7 @@ _ERROR_NAMES = {
     404: "not_found",
     405: "method_not_allowed",
     409: "conflict",
+    415: "unsupported_media_type",
     502: "hub_unreachable",
 }
 # FastAPI's words for a body that is not UTF-8 text, as the API says it
@@ -224,8 +226,13 @@ def _problem_handlers(app: FastAPI) -> None:
         body = Problem(error=error, detail=detail, fields=fields or [])
         return JSONResponse(body.model_dump(), status_code=code)
 
-    async def invalid(_request: Request, exc: Exception) -> JSONResponse:
+    async def invalid(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
+        sent = request.headers.get("content-type", "")
+        if sent and "json" not in sent and any(tuple(e["loc"]) == ("body",) for e in exc.errors()):
+            # FastAPI reads a body as JSON only when it says so; curl -d says it is a form
+            detail = f"body: send JSON with Content-Type: application/json, not {sent.split(';')[0]}"
+            return problem(415, "unsupported_media_type", detail, ["body"])
         fields, sentences = [], []
         for error in exc.errors():
             if error["type"] == "json_invalid":  # its location is a byte offset, not a field
