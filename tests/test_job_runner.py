@@ -188,7 +188,11 @@ def check(identity: processes.Identity, **changes: object) -> object:
         ({"working_dir": "/etc"}, "working_dir", "outside your home"),
         ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "env.CUDA_VISIBLE_DEVICES", "from the job's lease"),
         ({"env": {"1BAD": "x"}}, "env.1BAD", "variable name"),
-        ({"max_runtime": 7200.0}, "max_runtime", "limit of 3600 s"),
+        (
+            {"max_runtime": 2592000.0},
+            "max_runtime",
+            r"30d is over profile \S+ limit of 1h \(2592000 s against 3600 s\)",
+        ),
         ({"priority_class": "interactive"}, "priority_class", "for servers and administrators"),
     ],
 )

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ...pool.environments import ENV_VAR, FIELD, UnknownEnvironment, choose
 from ...pool.job_states import DEFAULT_JOB_CLASS, PRIORITY_CLASSES, USER_JOB_CLASSES, Job
 from ...pool.leases import Lease
-from ...pool.profiles import Profile
+from ...pool.profiles import Profile, format_duration
 from ...pool.requests import Request
 from .processes import Identity, find_executable
 
@@ -152,7 +152,11 @@ def _check_max_runtime(max_runtime: float | None, limit: float | None, profile: 
     if max_runtime is not None and max_runtime <= 0:
         raise InvalidJob("max_runtime", f"must be more than 0 seconds, got {max_runtime:g}")
     if max_runtime is not None and limit is not None and max_runtime > limit:
-        raise InvalidJob("max_runtime", f"{max_runtime:g} s is over profile {profile}'s limit of {limit} s")
+        raise InvalidJob(
+            "max_runtime",
+            f"{format_duration(max_runtime)} is over profile {profile}'s limit of {format_duration(limit)} "
+            f"({max_runtime:.0f} s against {limit:.0f} s)",
+        )
 
 
 def resolve_working_dir(raw: str | None, home: str) -> str:
