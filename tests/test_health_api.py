@@ -145,6 +145,8 @@ def test_an_admin_drains_a_gpu_its_job_moves_new_work_waits_and_undrain_brings_i
         assert unknown.returncode == 1 and "node: no such node" in unknown.stderr, unknown.stderr
         bad_gpu = admin.post("/admin/drain", json={"node": NODE, "gpu_index": 9})
         assert bad_gpu.status_code == 400 and bad_gpu.json()["fields"] == ["gpu_index"], bad_gpu.text
+        quoted = admin.post("/admin/faults", json={"node": NODE, "gpu_index": "0"})  # numbers must be numbers
+        assert quoted.status_code == 400 and quoted.json()["fields"] == ["gpu_index"], quoted.text
 
         back = gpupool(hub, "admin", "undrain", f"{NODE}/{drained}")
         assert back.returncode == 0 and back.stdout == f"{NODE}/{drained}\thealthy\n", back.stderr

@@ -300,9 +300,11 @@ def test_the_shell_commands_submit_follow_list_and_refuse_bad_input(hub: Hub) ->
     assert f"job {job_id} succeeded" in followed.stderr, followed.stderr
     listed = _gpupool(hub, "jobs")
     (row,) = [line.split("\t") for line in listed.stdout.splitlines() if line.startswith(job_id)]
-    assert row[2:4] == ["cpu", "succeeded"]
+    assert row[3:5] == ["cpu", "succeeded"]
     with hub.as_user("me") as me:
-        assert me.get(f"/jobs/{job_id}").json()["max_runtime"] == 600
+        model = me.get(f"/jobs/{job_id}").json()
+        assert model["max_runtime"] == 600
+    assert row[1] == model["user"]  # whose: an admin's list holds everyone's
     bad = _gpupool(hub, "submit", "--profile", "cpu", "--max-runtime", "2x", "--", "true")
     assert bad.returncode == 1 and "max_runtime" in bad.stderr and "2h" in bad.stderr, bad.stderr
     unknown = _gpupool(hub, "submit", "--profile", "h200", "--", "true")

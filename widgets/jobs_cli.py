@@ -90,11 +90,12 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _jobs(args: argparse.Namespace) -> int:
     models = _connect(args).call("GET", "jobs")
-    print("ID\tNAME\tPROFILE\tSTATE\tSUBMITTED\tWHY")
+    print("ID\tUSER\tNAME\tPROFILE\tSTATE\tSUBMITTED\tWHY")  # USER: an admin's list has everyone's
     for model in models:
         submitted = dt.datetime.fromtimestamp(model["submitted_at"]).strftime("%Y-%m-%d %H:%M")
         state = model["state"] + (f" (#{model['position'] + 1})" if model.get("position") is not None else "")
-        print(f"{model['id']}\t{model['name']}\t{model['profile']}\t{state}\t{submitted}\t{model['reason']}")
+        who = f"{model['id']}\t{model['user']}\t{model['name']}\t{model['profile']}"
+        print(f"{who}\t{state}\t{submitted}\t{model['reason']}")
     return 0
 
 

@@ -34,7 +34,9 @@ class DeviceRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     node: str = Field(min_length=1, max_length=253)
-    gpu_index: int | None = Field(default=None, ge=0, description="the GPU's index; leave out for the node")
+    gpu_index: int | None = Field(
+        default=None, ge=0, strict=True, description="the GPU's index, a number; leave out for the node"
+    )
 
 
 class MarkedOut(BaseModel):
