@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .pool.devices import FULL_MILLI, GpuMode
@@ -87,8 +87,14 @@ def _summary(nodes: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def render_pool(description: dict[str, Any]) -> str:
-    """The inventory as text for a terminal."""
+def render_pool(description: dict[str, Any], holders: Mapping[str, str] | None = None) -> str:
+    """The inventory as text for a terminal; ``holders`` names a device's leases (``alice's server``) where
+    the caller may know whose they are, else their ids are shown."""
+    named = holders or {}
+
+    def held_by(ids: list[str]) -> str:
+        return "held by " + ", ".join(named.get(i, i) for i in ids)
+
     summary = description["summary"]
     lines = [f"Pool from {description['source']} ({description['backend']})"]
     mig = ", ".join(f"{p} ×{n}" for p, n in summary["mig_slices_free"].items()) or "none"
@@ -107,9 +113,9 @@ def render_pool(description: dict[str, Any]) -> str:
             f"free  memory {node['memory_free_mib'] / 1024:g}/{node['memory_mib'] / 1024:g} GiB free"
         )
         for gpu in node["gpus"]:
-            lines.append("  " + _gpu_line(gpu))
+            lines.append("  " + _gpu_line(gpu, held_by))
             for instance in gpu["mig"]:
-                state = "free" if instance["free"] else "held by " + ", ".join(instance["holders"])
+                state = "free" if instance["free"] else held_by(instance["holders"])
                 lines.append(
                     f"      {instance['profile']:<12} @{instance['start']}  {state}  {instance['uuid']}"
                 )
@@ -122,7 +128,7 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
-def _gpu_line(gpu: dict[str, Any]) -> str:
+def _gpu_line(gpu: dict[str, Any], held_by: Callable[[list[str]], str]) -> str:
     link = f"  NVLink {gpu['nvlink_group']}" if gpu["nvlink_group"] is not None else ""
     head = f"GPU {gpu['index']}  {gpu['product']:<14} {gpu['memory_mib'] / 1024:>5.0f} GiB  {gpu['mode']:<6}"
     if gpu["health"] != "healthy":
@@ -134,5 +140,5 @@ def _gpu_line(gpu: dict[str, Any]) -> str:
         limit = f", up to {gpu['max_shares']} holders" if gpu["max_shares"] else ""
         state = f"{gpu['free_milli'] / 10:g}% free{limit}"
     else:
-        state = "free" if gpu["free_milli"] == FULL_MILLI else "held by " + ", ".join(gpu["holders"])
+        state = "free" if gpu["free_milli"] == FULL_MILLI else held_by(gpu["holders"])
     return f"{head}  {state}{link}  {gpu['uuid']}"

@@ -38,11 +38,12 @@ def show_pool(args: argparse.Namespace) -> int:
     from .client.connection import Connection
     from .inventory import render_pool
 
-    description = None
+    description, holders = None, {}
     if args.pool is None:
         try:
             connection = Connection(args.url, args.token, state_dir=args.state_dir)
             description = connection.call("GET", "pool")
+            holders = _whose(connection.call("GET", "leases", params={"active_only": "true"}))
             heading = f"Live, from the gpupool service at {connection.base_url}"
         except GpupoolError as error:
             if args.url or args.token:  # asked for the service: its refusal is the answer
@@ -58,7 +59,7 @@ def show_pool(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(description, indent=2))
     else:
-        print("\n".join(filter(None, [heading, render_pool(description)])))
+        print("\n".join(filter(None, [heading, render_pool(description, holders)])))
     return 0
 
 
@@ -71,3 +72,13 @@ def _devices(pool_file: str | None) -> dict[str, Any]:
     if found.note:
         print(f"gpupool: {found.note}", file=sys.stderr)
     return describe_pool(PoolState(found.nodes), found.backend, found.source)
+
+
+def _whose(leases: list[dict[str, Any]]) -> dict[str, str]:
+    """Each lease the caller may read (their own; an admin's token: all) as who holds it, with its id."""
+    return {
+        lease["id"]: f"{lease['user']}'s "
+        + ("server" if lease["owner_kind"] == "server" else f"job {lease['owner_name']}")
+        + f" ({lease['id']})"
+        for lease in leases
+    }

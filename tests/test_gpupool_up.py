@@ -231,6 +231,14 @@ def test_gpupool_pool_where_gpupool_up_runs_shows_the_live_pool(start: tuple[Pat
             assert live["summary"]["whole_gpus_free"] == on_file["summary"]["whole_gpus_free"] - 1
             text = pool("--state-dir", "state")
             assert text.stdout.startswith("Live, from the gpupool service at http://127.0.0.1:"), text.stdout
+            api, spawner = (
+                f"{up.url}/services/gpupool/api/v1",
+                {"Authorization": f"token {spawner_token(tmp / 'state')}"},
+            )
+            (lease,) = httpx.get(
+                f"{api}/leases", params={"active_only": True}, headers=spawner, timeout=10
+            ).json()
+            assert f"held by demo's server ({lease['id']})" in text.stdout, text.stdout  # who, not only an id
             elsewhere = pool("--state-dir", "nowhere")  # no gpupool up there: the devices, and it says so
             assert "not the live pool (no running gpupool service found)" in elsewhere.stderr
             assert hub.delete("/users/demo/server").status_code in (202, 204)
