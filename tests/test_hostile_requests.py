@@ -280,3 +280,16 @@ def test_json_sent_as_a_form_or_text_is_refused_naming_the_content_type(
         f"body: send JSON with Content-Type: application/json, not {sent_as.split(';')[0]}"
     )
     assert service.parts.jobs.all_jobs() == []
+
+
+def test_a_token_made_with_fewer_scopes_is_told_how_to_make_one_that_works(tmp_path: Path) -> None:
+    """A trial's token, made on /hub/token with its scopes narrowed, was told to ask an administrator for a scope
+    the user's role already grants."""
+    narrowed = {"narrow-token": {"name": "ada", "kind": "user", "scopes": ["read:users:name!user=ada"]}}
+    with token_hub(narrowed) as url:
+        service = Service(tmp_path, url)
+        with Client(service.app) as client:
+            answer = client.get("api/v1/pool", "narrow-token")
+    assert answer.status_code == 403, answer.text
+    assert "made with only some of your scopes" in answer.json()["detail"]
+    assert "access:services!service=gpupool" in answer.json()["detail"]

@@ -142,7 +142,8 @@ class Authenticator:
             raise HTTPException(
                 status.HTTP_403_FORBIDDEN,
                 f"{caller.kind} {caller.name} may not use the {self.service_name} service: the token lacks "
-                f"access:services!service={self.service_name}; ask an administrator to grant it in a role",
+                f"access:services!service={self.service_name} (a token made with only some of your scopes may "
+                "lack it: make one with all of them; else ask an administrator to grant it in a role)",
             )
         if caller.kind == "service" and not caller.sees_everyone:
             # a service acts for no user of its own: without the hub's scope it could only make orphan leases
