@@ -311,6 +311,24 @@ def test_the_shell_commands_submit_follow_list_and_refuse_bad_input(hub: Hub) ->
     assert unknown.returncode == 1 and "unknown profile 'h200'" in unknown.stderr, unknown.stderr
 
 
+def test_following_a_queued_job_says_where_it_waits_then_streams_its_log(hub: Hub) -> None:
+    """A trial's ``gpupool logs ID -f`` on a queued job printed nothing at all while it waited."""
+    with hub.as_user("me") as me:  # the demo pool's one 1g.10gb slice, held by a job of theirs first
+        blocker = submit(me, ["sleep", "60"], "mig-1g")
+        until(lambda: state_of(me, blocker["id"]) == "running", "the first job to hold the slice", timeout=30)
+        submitted = _gpupool(hub, "submit", "--profile", "mig-1g", "--", "sh", "-c", "echo after the wait")
+        assert submitted.returncode == 0 and "#1 in the queue" in submitted.stdout, submitted.stderr
+        job_id = submitted.stdout.split("\t")[0]
+        connection = ["--url", f"{hub.url}/services/gpupool/", "--token", hub.tokens["me"]]
+        command = [sys.executable, "-m", "gpupool.spawner.cli", "logs", job_id, "-f", *connection]
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as follower:
+            time.sleep(2)  # the follower is waiting on the queued job
+            assert me.delete(f"/jobs/{blocker['id']}").json()["state"] == "cancelled"
+            out, err = follower.communicate(timeout=60)
+    assert f"job {job_id} is #1 in the queue" in err and "its log follows once it starts" in err, err
+    assert out == "after the wait\n" and f"job {job_id} succeeded" in err, (out, err)
+
+
 def test_a_job_keeps_running_and_logging_across_a_service_restart(hub: Hub) -> None:
     """Runs last: it kills the managed service and starts one by hand. The job logs while the service is
     down and then waits for the test's go-ahead, so a slow restart cannot see it finish first."""

@@ -83,9 +83,17 @@ def _submit(args: argparse.Namespace) -> int:
         connection=_connect(args),
     )
     model = job.model()
-    where = f"#{model['position'] + 1} in the queue" if model.get("position") is not None else model["state"]
-    print(f"{job.id}\t{model['name']}\t{where}")
+    print(f"{job.id}\t{model['name']}\t{_place(model) or model['state']}")
     return 0
+
+
+def _place(model: dict[str, Any]) -> str:
+    """Where a waiting job stands: ``#2 in the queue, expected to start by 14:05`` ('' once it has started)."""
+    if model.get("position") is None:
+        return ""
+    start = model.get("expected_start")
+    by = f", expected to start by {dt.datetime.fromtimestamp(start):%H:%M}" if start else ""
+    return f"#{model['position'] + 1} in the queue{by}"
 
 
 def _jobs(args: argparse.Namespace) -> int:
@@ -102,6 +110,8 @@ def _jobs(args: argparse.Namespace) -> int:
 def _logs(args: argparse.Namespace) -> int:
     job = Job(args.job_id, _connect(args))
     if args.follow:
+        if waiting := _place(job.model()):  # nothing to show until it starts: say so, not silence
+            print(f"[gpupool: job {job.id} is {waiting}; its log follows once it starts]", file=sys.stderr)
         state = job.follow()
         print(f"[gpupool: job {job.id} {state}]", file=sys.stderr)
     else:
