@@ -319,6 +319,9 @@ def test_following_a_queued_job_says_where_it_waits_then_streams_its_log(hub: Hu
         submitted = _gpupool(hub, "submit", "--profile", "mig-1g", "--", "sh", "-c", "echo after the wait")
         assert submitted.returncode == 0 and "#1 in the queue" in submitted.stdout, submitted.stderr
         job_id = submitted.stdout.split("\t")[0]
+        listed = [line.split("\t") for line in _gpupool(hub, "jobs").stdout.splitlines()]
+        (row,) = [row for row in listed if row[0] == job_id]
+        assert row[4].startswith("queued (#1 in the queue"), row
         connection = ["--url", f"{hub.url}/services/gpupool/", "--token", hub.tokens["me"]]
         command = [sys.executable, "-m", "gpupool.spawner.cli", "logs", job_id, "-f", *connection]
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as follower:

@@ -101,7 +101,7 @@ def _jobs(args: argparse.Namespace) -> int:
     print("ID\tUSER\tNAME\tPROFILE\tSTATE\tSUBMITTED\tWHY")  # USER: an admin's list has everyone's
     for model in models:
         submitted = dt.datetime.fromtimestamp(model["submitted_at"]).strftime("%Y-%m-%d %H:%M")
-        state = model["state"] + (f" (#{model['position'] + 1})" if model.get("position") is not None else "")
+        state = model["state"] + (f" ({place})" if (place := _place(model)) else "")
         who = f"{model['id']}\t{model['user']}\t{model['name']}\t{model['profile']}"
         print(f"{who}\t{state}\t{submitted}\t{model['reason']}")
     return 0
