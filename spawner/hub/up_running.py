@@ -10,6 +10,7 @@ it over, so its ports count as free.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 from pathlib import Path
 
@@ -48,6 +49,8 @@ def _running(pid_file: Path, names: tuple[str, ...]) -> int | None:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except (OSError, ValueError):
         return None  # no file, a stale one, or a process gone
+    if pid == os.getpid():  # a stale file whose pid came back as ours (a container's pids start over)
+        return None
     return pid if any(name in command for name in names) else None
 
 

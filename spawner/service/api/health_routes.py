@@ -10,9 +10,9 @@
   (an admin's or the telemetry's) are lifted and queued work is admitted.
 - ``GET api/v1/admin/health``: every drained or unhealthy node and GPU, with the reason and the leases on it.
 
-All need ``custom:gpupool:admin`` (403 otherwise, before the body is read); an unknown node or GPU is a 400 naming the field.
-The drains and faults themselves live in :class:`..leasing.health.HealthKeeper`. No ``from __future__ import
-annotations`` here: FastAPI must evaluate the route signatures.
+All need ``custom:gpupool:admin`` (403 otherwise, before the body is read); an unknown node or GPU is a 400
+naming the field. The drains and faults themselves live in :class:`..leasing.health.HealthKeeper`. No
+``from __future__ import annotations`` here: FastAPI must evaluate the route signatures.
 """
 
 from collections.abc import Callable
