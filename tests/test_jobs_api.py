@@ -307,6 +307,8 @@ def test_the_shell_commands_submit_follow_list_and_refuse_bad_input(hub: Hub) ->
     assert row[1] == model["user"]  # whose: an admin's list holds everyone's
     bad = _gpupool(hub, "submit", "--profile", "cpu", "--max-runtime", "2x", "--", "true")
     assert bad.returncode == 1 and "max_runtime" in bad.stderr and "2h" in bad.stderr, bad.stderr
+    negative = _gpupool(hub, "submit", "--profile", "cpu", "--retries", "-1", "--", "true")
+    assert negative.returncode == 2 and "--retries: a whole number from 0 to 20, got -1" in negative.stderr
     unknown = _gpupool(hub, "submit", "--profile", "h200", "--", "true")
     assert unknown.returncode == 1 and "unknown profile 'h200'" in unknown.stderr, unknown.stderr
 

@@ -14,6 +14,8 @@ from typing import Any
 from ._api import EXAMPLE_URL, Connection, GpupoolError
 from .jobs import Job, submit
 
+MAX_RETRIES = 20  # as the service allows
+
 
 def add_job_commands(commands: Any) -> None:
     """Add the job subcommands to the ``gpupool`` parser's subparsers."""
@@ -26,7 +28,9 @@ def add_job_commands(commands: Any) -> None:
     sub.add_argument("--profile", required=True, help="the profile's slug (see the spawn form)")
     sub.add_argument("--name", help="a name for the job (default: the program's)")
     sub.add_argument("--max-runtime", help="e.g. 2h, 30m, 1d or seconds (default: the profile's limit)")
-    sub.add_argument("--retries", type=int, default=2, help="requeues allowed after a fault (default 2)")
+    sub.add_argument(
+        "--retries", type=_retries, default=2, help="requeues allowed after a fault, 0–20 (default 2)"
+    )
     sub.add_argument("--workdir", help="an absolute folder inside your home (default: your home)")
     sub.add_argument("--submission-id", help="your id for this submission: repeating it never runs it twice")
     sub.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command to run")
@@ -66,6 +70,12 @@ def connection_options(parser: argparse.ArgumentParser, whose: str = "of yours")
 
 def _connect(args: argparse.Namespace) -> Connection:
     return Connection(args.url, args.token)
+
+
+def _retries(text: str) -> int:
+    if not text.isdigit() or int(text) > MAX_RETRIES:
+        raise argparse.ArgumentTypeError(f"a whole number from 0 to {MAX_RETRIES}, got {text}")
+    return int(text)
 
 
 def _submit(args: argparse.Namespace) -> int:
