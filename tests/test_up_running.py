@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from polling import until
 
 from gpupool.spawner.hub.up_checks import UpError
 from gpupool.spawner.hub.up_running import HUB_PID_FILE, check_not_running
@@ -24,6 +25,8 @@ def test_a_live_hub_in_the_state_folder_is_named_and_a_stale_pid_is_not(tmp_path
     ports = {"--port": _free_port()}
     pretend = [sys.executable, "-c", "import sys, time; time.sleep(30)", "gpupool", "up"]
     with subprocess.Popen(pretend) as hub:  # a command line like gpupool up's
+        command = Path(f"/proc/{hub.pid}/cmdline")
+        until(lambda: b"gpupool" in command.read_bytes(), "the child to exec", timeout=10)  # not our fork's
         (tmp_path / HUB_PID_FILE).write_text(f"{hub.pid}\n")
         with pytest.raises(UpError, match=f"a hub already runs from {tmp_path} \\(pid {hub.pid}\\)"):
             check_not_running(tmp_path, "127.0.0.1", ports)
