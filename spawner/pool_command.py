@@ -43,7 +43,8 @@ def show_pool(args: argparse.Namespace) -> int:
         try:
             connection = Connection(args.url, args.token, state_dir=args.state_dir)
             description = connection.call("GET", "pool")
-            holders = _whose(connection.call("GET", "leases", params={"active_only": "true"}))
+            if not args.json:  # the JSON keeps lease ids; the text says whose they are
+                holders = _whose(connection.call("GET", "leases", params={"active_only": "true"}))
             heading = f"Live, from the gpupool service at {connection.base_url}"
         except GpupoolError as error:
             if args.url or args.token:  # asked for the service: its refusal is the answer

@@ -11,10 +11,8 @@ import datetime as dt
 import sys
 from typing import Any
 
-from ._api import EXAMPLE_URL, Connection, GpupoolError
+from ._api import EXAMPLE_URL, MAX_RETRIES, Connection, GpupoolError, time_of_day
 from .jobs import Job, submit
-
-MAX_RETRIES = 20  # as the service allows
 
 
 def add_job_commands(commands: Any) -> None:
@@ -29,7 +27,10 @@ def add_job_commands(commands: Any) -> None:
     sub.add_argument("--name", help="a name for the job (default: the program's)")
     sub.add_argument("--max-runtime", help="e.g. 2h, 30m, 1d or seconds (default: the profile's limit)")
     sub.add_argument(
-        "--retries", type=_retries, default=2, help="requeues allowed after a fault, 0–20 (default 2)"
+        "--retries",
+        type=_retries,
+        default=2,
+        help=f"requeues allowed after a fault, 0–{MAX_RETRIES} (default 2)",
     )
     sub.add_argument("--workdir", help="an absolute folder inside your home (default: your home)")
     sub.add_argument("--submission-id", help="your id for this submission: repeating it never runs it twice")
@@ -98,11 +99,11 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _place(model: dict[str, Any]) -> str:
-    """Where a waiting job stands: ``#2 in the queue, expected to start by 14:05`` ('' once it has started)."""
+    """Where a waiting job stands: ``#2 in the queue, expected to start by 14:05 UTC`` ('' once started)."""
     if model.get("position") is None:
         return ""
     start = model.get("expected_start")
-    by = f", expected to start by {dt.datetime.fromtimestamp(start):%H:%M}" if start else ""
+    by = f", expected to start by {time_of_day(float(start))}" if start else ""
     return f"#{model['position'] + 1} in the queue{by}"
 
 

@@ -307,14 +307,14 @@ def prepare(
 ) -> Prepared:
     """Check the request, create the state folder and its secrets; raise :class:`UpError` saying what to fix."""
     check_request(ip, pool, extra_config, demo_login, kubeconfig)
-    check_not_running(Path(state_dir).resolve(), ip, check_ports(port, ports))
+    state = Path(state_dir).resolve()
+    check_not_running(state, ip, check_ports(port, ports))
     check_data_files(environ)
     cull_every_seconds(environ)  # a bad GPUPOOL_CULL_EVERY_SECONDS stops gpupool up here, naming it
     # here, not at the top: the hub's process imports this module too (embedded.py) and discovers nothing
     from ..backends.discovery import discover_pool
 
     found = None if kubeconfig else discover_pool(pool)
-    state = Path(state_dir).resolve()
     state.mkdir(parents=True, exist_ok=True)
     state.chmod(0o700)  # the databases, the proxy's token and the cookie secret: no one else's to read
     account = None if kubeconfig or os.geteuid() != 0 else _unprivileged_account()

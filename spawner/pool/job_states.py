@@ -58,6 +58,7 @@ _ALLOWED: dict[JobState, frozenset[JobState]] = {
 
 PRIORITY_CLASSES: MappingProxyType[str, int] = MappingProxyType({"interactive": 0, "batch": -10, "low": -20})
 DEFAULT_JOB_CLASS = "batch"
+MAX_RETRIES = 20  # requeues after a fault one job may ask for
 USER_JOB_CLASSES = frozenset({"batch", "low"})  # "interactive" is for servers, and jobs an admin submits
 
 

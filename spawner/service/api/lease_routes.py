@@ -115,7 +115,7 @@ async def post_lease(
         raise HTTPException(status.HTTP_400_BAD_REQUEST, "user: name the user whose server the lease is for")
     groups = frozenset(body.groups or ())
     profile = find_profile(parts.profiles, body.profile)
-    if not profile.visible_to(groups, body.admin):  # the hub's spawner vouches for the groups and admin flag
+    if not profile.visible_to(groups, body.admin or caller.is_admin):  # the spawner vouches for groups, admin
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
             f"profile: only members of {' or '.join(sorted(profile.groups))} may use {profile.slug}",

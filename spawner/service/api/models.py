@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ...pool.environments import Environment
-from ...pool.job_states import Job
+from ...pool.job_states import MAX_RETRIES, Job
 from ...pool.leases import Lease
 from ...pool.profiles import Profile, parse_duration
 from ...pool.state import Grant
@@ -277,7 +277,11 @@ class JobRequest(BaseModel):
     )
     priority_class: str = Field(default="batch", description='"batch" (default) or "low"')
     retries: int = Field(
-        default=2, ge=0, le=20, strict=True, description="times the pool may requeue it after a fault"
+        default=2,
+        ge=0,
+        le=MAX_RETRIES,
+        strict=True,
+        description="times the pool may requeue it after a fault",
     )
     environment: str | None = Field(
         default=None,
