@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gpupool.spawner.hub import up
 from gpupool.spawner.hub.up_running import HUB_PID_FILE, PROXY_PID_FILE
+from gpupool.spawner.hub.up_service_config import pass_to_service
 
 c = get_config()  # type: ignore[name-defined]  # noqa: F821  (JupyterHub provides it)
 settings = up.UpSettings.from_env(os.environ)
@@ -50,8 +51,6 @@ c.JupyterHub.spawner_class = "gpupool-simple"  # SimpleLocalGPUSpawner
 c.SimpleLocalGPUSpawner.home_root = settings.homes or str(state / "homes")
 c.LocalGPUSpawner.service_url = settings.service_url
 c.LocalGPUSpawner.service_api_token = up.spawner_token(state)
-if os.environ.get("GPUPOOL_PROFILES"):
-    c.LocalGPUSpawner.profiles_file = os.environ["GPUPOOL_PROFILES"]
 c.Spawner.default_url = "/lab"
 # A queued spawn waits for its devices up to this long (JupyterHub's own 60 s gave up on a queue of one);
 # the progress page says its place in the queue meanwhile.
@@ -83,8 +82,6 @@ if settings.kubeconfig:
         # the local cluster's simulated kubelet stands in for a container runtime and runs the pod's command as
         # its own user, root on a root-only dev box or CI; a real cluster runs it as the image's user
         c.KubeGPUSpawner.args = ["--allow-root"]
-    if os.environ.get("GPUPOOL_PROFILES"):
-        c.KubeGPUSpawner.profiles_file = os.environ["GPUPOOL_PROFILES"]
 
 # The demo login: one admin user whose generated password `gpupool up` prints; only on loopback (checked by
 # `gpupool up` before it gets here). Without it, JupyterHub's default (PAM) or an -f file decides.
@@ -96,3 +93,7 @@ if settings.demo_login:
 
 for extra in settings.extra_config:
     load_subconfig(extra)  # type: ignore[name-defined]  # noqa: F821
+
+# One profiles file for the spawn form and the service (GPUPOOL_PROFILES, or what an -f file gave either), and
+# the service's own settings from the -f files (c.ServiceSettings.policy = "fgd") on its command line.
+pass_to_service(c, up.SERVICE, kube=bool(settings.kubeconfig))

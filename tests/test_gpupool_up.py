@@ -24,12 +24,13 @@ from hub_harness import environ_of
 from jupyterhub.app import JupyterHub
 from traitlets.config import Config, PyFileConfigLoader
 from up_harness import (
-    Up,
     api_token,
+    demo_hub_api,
     extra_config,
     free_port_family,
     login,
     require_proxy,
+    start_demo_server,
     start_up,
     up_command,
 )
@@ -97,8 +98,8 @@ def test_a_notebook_server_reaches_the_service_with_its_own_token(start: tuple[P
     tmp, port = start
     up = start_up(tmp, tmp / "state", port, extra_config(tmp))
     try:
-        with contextlib.closing(_demo_hub_api(up)) as hub:
-            server = _start_demo_server(up, hub)
+        with contextlib.closing(demo_hub_api(up)) as hub:
+            server = start_demo_server(up, hub)
             environ = environ_of(int(server["state"]["pid"]))
             connection = Connection(environ=environ)
             try:
@@ -121,9 +122,9 @@ def test_as_root_the_demo_users_server_and_first_job_run_as_gpupool_demo_in_one_
     tmp, port = start
     up = start_up(tmp, tmp / "state", port, extra_config(tmp))
     try:
-        with contextlib.closing(_demo_hub_api(up)) as hub:
+        with contextlib.closing(demo_hub_api(up)) as hub:
             account = pwd.getpwnam(DEMO_ACCOUNT)
-            pid = int(_start_demo_server(up, hub)["state"]["pid"])
+            pid = int(start_demo_server(up, hub)["state"]["pid"])
             assert _uids(pid) == {account.pw_uid}
             assert b"--allow-root" not in Path(f"/proc/{pid}/cmdline").read_bytes()
             environ = environ_of(pid)
@@ -150,25 +151,6 @@ def _uids(pid: int) -> set[int]:
     return {int(uid) for uid in line.split()[1:]}
 
 
-def _demo_hub_api(up: Up) -> httpx.Client:
-    """A client of the hub's API with a token of the demo user, made after logging in as a browser does."""
-    with contextlib.closing(login(up)) as client:
-        token = api_token(client)
-    return httpx.Client(base_url=f"{up.url}/hub/api", headers={"Authorization": f"token {token}"}, timeout=30)
-
-
-def _start_demo_server(up: Up, hub: httpx.Client, profile: str = "cpu") -> dict[str, Any]:
-    """Start the demo user's server (CPU only by default) through the hub's API and wait until it is ready."""
-    started = hub.post("/users/demo/server", json={"profile": profile})
-    assert started.status_code in (201, 202), started.text
-    deadline = time.monotonic() + 90
-    while not (server := hub.get("/users/demo").json()["servers"].get("", {})).get("ready"):
-        assert time.monotonic() < deadline, f"the server did not start:\n{up.log_tail()}"
-        time.sleep(0.2)
-    ready: dict[str, Any] = server
-    return ready
-
-
 def test_the_admin_starts_a_profile_kept_for_a_group_as_the_spawn_form_offers_it(
     start: tuple[Path, int],
 ) -> None:
@@ -177,9 +159,9 @@ def test_the_admin_starts_a_profile_kept_for_a_group_as_the_spawn_form_offers_it
     tmp, port = start
     up = start_up(tmp, tmp / "state", port, extra_config(tmp))
     try:
-        with contextlib.closing(_demo_hub_api(up)) as hub:
+        with contextlib.closing(demo_hub_api(up)) as hub:
             assert "gpu-users" not in hub.get("/users/demo").json()["groups"]
-            server = _start_demo_server(up, hub, "a100-pair")
+            server = start_demo_server(up, hub, "a100-pair")
             assert environ_of(int(server["state"]["pid"]))["CUDA_VISIBLE_DEVICES"].count("GPU-") == 2
             assert hub.delete("/users/demo/server").status_code in (202, 204)
     finally:
@@ -192,8 +174,8 @@ def test_a_stopped_hub_returns_its_servers_leases_before_its_service_goes(start:
     tmp, port = start
     up = start_up(tmp, tmp / "state", port, extra_config(tmp))
     try:
-        with contextlib.closing(_demo_hub_api(up)) as hub:
-            lease_id = _start_demo_server(up, hub)["state"]["gpupool_lease_id"]
+        with contextlib.closing(demo_hub_api(up)) as hub:
+            lease_id = start_demo_server(up, hub)["state"]["gpupool_lease_id"]
         up.process.send_signal(signal.SIGTERM)
         assert up.process.wait(timeout=30) == 0, up.log_tail()
     finally:
@@ -214,7 +196,7 @@ def test_gpupool_pool_where_gpupool_up_runs_shows_the_live_pool(start: tuple[Pat
     tmp, port = start
     up = start_up(tmp, tmp / "state", port, extra_config(tmp))
     try:
-        with contextlib.closing(_demo_hub_api(up)) as hub:
+        with contextlib.closing(demo_hub_api(up)) as hub:
             started = hub.post("/users/demo/server", json={"profile": "h100"})
             assert started.status_code in (201, 202), started.text
             deadline = time.monotonic() + 90

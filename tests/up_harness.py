@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -152,3 +153,22 @@ def api_token(client: httpx.Client) -> str:
     assert response.status_code == 201, response.text
     token: str = response.json()["token"]
     return token
+
+
+def demo_hub_api(up: Up) -> httpx.Client:
+    """A client of the hub's API with a token of the demo user, made after logging in as a browser does."""
+    with contextlib.closing(login(up)) as client:
+        token = api_token(client)
+    return httpx.Client(base_url=f"{up.url}/hub/api", headers={"Authorization": f"token {token}"}, timeout=30)
+
+
+def start_demo_server(up: Up, hub: httpx.Client, profile: str = "cpu") -> dict[str, Any]:
+    """Start the demo user's server (CPU only by default) through the hub's API and wait until it is ready."""
+    started = hub.post("/users/demo/server", json={"profile": profile})
+    assert started.status_code in (201, 202), started.text
+    deadline = time.monotonic() + 90
+    while not (server := hub.get("/users/demo").json()["servers"].get("", {})).get("ready"):
+        assert time.monotonic() < deadline, f"the server did not start:\n{up.log_tail()}"
+        time.sleep(0.2)
+    ready: dict[str, Any] = server
+    return ready

@@ -81,7 +81,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         str(EXAMPLE_PROFILES),
         config=True,
         help="""The profiles file (YAML) the spawn form offers; give the service the same file
-        (``GPUPOOL_PROFILES``). It is read and checked when set, so a bad file stops the hub at start-up::
+        (``GPUPOOL_PROFILES``; ``gpupool up`` gives it this one, checked before the hub starts)::
 
             c.LocalGPUSpawner.profiles_file = "/etc/gpupool/profiles.yaml"
 

@@ -187,9 +187,6 @@ def service_environment(settings: UpSettings) -> dict[str, str]:
             "GPUPOOL_KUBE_NAMESPACE": KUBE_NAMESPACE,
             "GPUPOOL_KUBE_JOB_IMAGE": KUBE_LOCAL_IMAGE,
         }
-    profiles = os.environ.get("GPUPOOL_PROFILES")
-    if profiles:
-        env["GPUPOOL_PROFILES"] = profiles
     return env
 
 
