@@ -126,7 +126,7 @@ def test_an_admin_drains_a_gpu_its_job_moves_new_work_waits_and_undrain_brings_i
         until(lambda: running_on(me, first["id"]) == other, "the requeued job to run on the other GPU")
         history = job(me, first["id"])["history"]
         assert [t["state"] for t in history] == ["queued", "running", "requeued", "running"]
-        assert f"GPU {drained} of node {NODE} was drained by service test-admin" in history[2]["reason"]
+        assert history[2]["reason"] == f"drained by service test-admin: GPU {drained} of node {NODE}"
 
         second = submit(me)  # the drained GPU is free, yet nothing new is placed on it
         assert job(me, second["id"])["state"] == "queued" and job(me, second["id"])["position"] == 0

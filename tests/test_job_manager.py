@@ -261,6 +261,23 @@ def test_a_gpu_fault_requeues_the_training_job_which_resumes_from_its_checkpoint
     assert "done: 60 steps" in after
 
 
+def test_a_drain_requeues_a_job_without_using_its_retries(tmp_path: Path, user: str) -> None:
+    """A trial drained a node and saw its user's job at "requeued (retry 1 of 2)": an admin's drain cost the
+    user a retry, which a preemption does not. With no retries at all the job is requeued and runs again."""
+    jobs = managers(tmp_path, grace=1.0)
+    job, _ = jobs.submit(user, [], sh("echo run; sleep 1", retries=0))
+    until(jobs, lambda: jobs.read_log(jobs.get(job.id)) == b"run\n", "the job to start")
+    device = jobs.leases.get(jobs.get(job.id).lease_id or "").devices[0]
+    assert [j.id for j in jobs.drain("dgx", int(device.uuid.rsplit("-", 1)[1]), by="admin ops")] == [job.id]
+    until(jobs, lambda: jobs.get(job.id).state.finished, "the job to run again and finish", timeout=30)
+    done = jobs.get(job.id)
+    assert done.state is JobState.SUCCEEDED, done.reason
+    requeued = [t.reason for t in done.history if t.state is JobState.REQUEUED]
+    assert requeued == [f"drained by admin ops: GPU {device.uuid.rsplit('-', 1)[1]} of node dgx"]
+    attempts = b"run\n----- gpupool: attempt 2 of this job starts (it was requeued) -----\nrun\n"
+    assert jobs.read_log(done) == attempts  # where the second attempt begins, marked
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1_000.0

@@ -84,10 +84,14 @@ NEVER_STARTED = "never started"
 and starting it."""
 
 
+DRAINED_BY = "drained by"
+"""How the reason of a requeue begins when an admin drained the job's devices."""
+
+
 def uses_no_retry(reason: str) -> bool:
-    """Whether a requeue for ``reason`` leaves the job's retries alone: a preemption, or a run that never
-    started. Neither is the job's failure."""
-    return is_preemption(reason) or reason.startswith(NEVER_STARTED)
+    """Whether a requeue for ``reason`` leaves the job's retries alone: a preemption, an admin's drain, or a
+    run that never started. None is the job's failure."""
+    return is_preemption(reason) or reason.startswith((NEVER_STARTED, DRAINED_BY))
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from ...pool.devices import Health
-from ...pool.job_states import Job, JobState, StopRequest, priority_of, uses_no_retry
+from ...pool.job_states import DRAINED_BY, Job, JobState, StopRequest, priority_of, uses_no_retry
 from ...pool.leases import Lease, LeaseState, new_lease_id
 from ...pool.profiles import Profile, find_profile
 from ...pool.quotas import QuotaExceeded
@@ -159,10 +159,11 @@ class JobManager:
 
     def drain(self, node: str, gpu_index: int | None, by: str = "an admin") -> list[Job]:
         """Drain a node (or one GPU on it): nothing new is placed there, and every job running on it is
-        stopped (SIGTERM, the grace period, SIGKILL) and requeued, as on a fault. Servers keep running.
-        Draining again changes nothing and stops nobody new. KeyError names an unknown node or GPU."""
-        said = f"{_what(node, gpu_index)} was drained by {by}"
-        return self._take_out(node, gpu_index, Health.DRAINED, said, f"drained by {by}")
+        stopped (SIGTERM, the grace period, SIGKILL) and requeued, as on a fault but using none of its
+        retries: an admin's drain is not the job's failure. Servers keep running. Draining again changes
+        nothing and stops nobody new. KeyError names an unknown node or GPU."""
+        said = f"{DRAINED_BY} {by}: {_what(node, gpu_index)}"
+        return self._take_out(node, gpu_index, Health.DRAINED, said, f"{DRAINED_BY} {by}")
 
     def clear_mark(self, node: str, gpu_index: int | None, health: Health) -> None:
         """Lift a drain or fault mark from a node or GPU (it takes work again unless another mark stays) and
