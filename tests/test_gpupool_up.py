@@ -205,8 +205,7 @@ def test_gpupool_pool_where_gpupool_up_runs_shows_the_live_pool(start: tuple[Pat
                 time.sleep(0.2)
 
             def pool(*args: str) -> subprocess.CompletedProcess[str]:
-                command = [sys.executable, "-m", "gpupool.spawner.cli", "pool", *args]
-                return subprocess.run(command, cwd=tmp, capture_output=True, text=True, timeout=60)
+                return gpupool_in(tmp, "pool", *args)
 
             live = json.loads(pool("--state-dir", "state", "--json").stdout)
             on_file = json.loads(pool("--pool", str(DEMO_POOL), "--json").stdout)
@@ -223,9 +222,23 @@ def test_gpupool_pool_where_gpupool_up_runs_shows_the_live_pool(start: tuple[Pat
             assert f"held by demo's server ({lease['id']})" in text.stdout, text.stdout  # who, not only an id
             elsewhere = pool("--state-dir", "nowhere")  # no gpupool up there: the devices, and it says so
             assert "not the live pool (no running gpupool service found)" in elsewhere.stderr
+            # the other service commands find it the same way (a trial got "unrecognized arguments")
+            drain = gpupool_in(tmp, "drain", "a100-box", "--state-dir", "state")
+            assert "service gpupool-hub may not drain: it needs custom:gpupool:admin" in drain.stderr, (
+                drain.stderr
+            )
+            nowhere = gpupool_in(tmp, "jobs", "--state-dir", "nowhere")
+            assert "run this where gpupool up keeps its state (nowhere/)" in nowhere.stderr, nowhere.stderr
             assert hub.delete("/users/demo/server").status_code in (202, 204)
     finally:
         up.stop()
+
+
+def gpupool_in(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The ``gpupool`` command run in ``folder``, with no service or token in its environment."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUPOOL_SERVICE_URL", "JUPYTERHUB_API_TOKEN")}
+    command = [sys.executable, "-m", "gpupool.spawner.cli", *args]
+    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=60)
 
 
 def test_ctrl_c_as_soon_as_the_login_page_answers_leaves_no_proxy_behind(start: tuple[Path, int]) -> None:

@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from ._api import Connection, GpupoolError
-from .jobs_cli import connection_options, run
+from .jobs_cli import connect, connection_options, run
 
 __all__ = ["add_admin_commands", "parse_device", "run"]
 
@@ -40,7 +40,7 @@ def parse_device(text: str) -> dict[str, Any]:
 
 def _drain(args: argparse.Namespace) -> int:
     body = parse_device(args.device)
-    connection = Connection(args.url, args.token)
+    connection = connect(args)
     out = connection.call("POST", "admin/drain", json=body)
     jobs = ", ".join(_job(connection, job_id) for job_id in out["stopped_jobs"]) or "none"
     print(f"{args.device}\t{out['health']}\tjobs requeued: {jobs}")
@@ -71,6 +71,6 @@ def _server(connection: Connection, lease_id: str) -> str:
 
 
 def _undrain(args: argparse.Namespace) -> int:
-    out = Connection(args.url, args.token).call("POST", "admin/undrain", json=parse_device(args.device))
+    out = connect(args).call("POST", "admin/undrain", json=parse_device(args.device))
     print(f"{args.device}\t{out['health']}")
     return 0

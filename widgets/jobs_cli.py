@@ -1,7 +1,8 @@
 """``gpupool submit | jobs | logs | cancel``: training jobs from a terminal, as the user the token belongs to.
 
 In a notebook server's terminal the service and the token come from the environment, as for ``submit()``
-(``GPUPOOL_SERVICE_URL``, ``JUPYTERHUB_API_TOKEN``); elsewhere pass ``--url`` and ``--token`` (or set those).
+(``GPUPOOL_SERVICE_URL``, ``JUPYTERHUB_API_TOKEN``); elsewhere pass ``--url`` and ``--token`` (or set those),
+or run where ``gpupool up`` keeps its state (``--state-dir``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import datetime as dt
 import sys
 from typing import Any
 
-from ._api import EXAMPLE_URL, MAX_RETRIES, Connection, GpupoolError, time_of_day
+from ._api import EXAMPLE_URL, MAX_RETRIES, UP_STATE, Connection, GpupoolError, time_of_day
 from .jobs import Job, submit
 
 
@@ -64,13 +65,21 @@ def run(handler: Any, args: argparse.Namespace) -> int:
 
 
 def connection_options(parser: argparse.ArgumentParser, whose: str = "of yours") -> None:
-    """``--url`` and ``--token``, for a command that calls the service (both default to the environment)."""
-    parser.add_argument("--url", help=f"the service, e.g. {EXAMPLE_URL}")
+    """``--url``, ``--token`` and ``--state-dir``, for a command that calls the service (the first two default
+    to the environment, then to the service and token of the ``gpupool up`` that keeps its state there)."""
+    parser.add_argument("--url", help=f"the service, e.g. {EXAMPLE_URL} (default: $GPUPOOL_SERVICE_URL)")
     parser.add_argument("--token", help=f"a JupyterHub API token {whose} (default: $JUPYTERHUB_API_TOKEN)")
+    parser.add_argument(
+        "--state-dir",
+        default=UP_STATE,
+        metavar="DIR",
+        help=f"else the service of the gpupool up whose state folder this is (default {UP_STATE})",
+    )
 
 
-def _connect(args: argparse.Namespace) -> Connection:
-    return Connection(args.url, args.token)
+def connect(args: argparse.Namespace) -> Connection:
+    """The service the command's ``--url``, ``--token`` and ``--state-dir`` name."""
+    return Connection(args.url, args.token, state_dir=args.state_dir)
 
 
 def _retries(text: str) -> int:
@@ -91,7 +100,7 @@ def _submit(args: argparse.Namespace) -> int:
         max_runtime=args.max_runtime,
         retries=args.retries,
         submission_id=args.submission_id,
-        connection=_connect(args),
+        connection=connect(args),
     )
     model = job.model()
     print(f"{job.id}\t{model['name']}\t{_place(model) or model['state']}")
@@ -108,7 +117,7 @@ def _place(model: dict[str, Any]) -> str:
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    models = _connect(args).call("GET", "jobs")
+    models = connect(args).call("GET", "jobs")
     print("ID\tUSER\tNAME\tPROFILE\tSTATE\tSUBMITTED\tWHY")  # USER: an admin's list has everyone's
     for model in models:
         submitted = dt.datetime.fromtimestamp(model["submitted_at"]).strftime("%Y-%m-%d %H:%M")
@@ -119,7 +128,7 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    job = Job(args.job_id, _connect(args))
+    job = Job(args.job_id, connect(args))
     if args.follow:
         if waiting := _place(job.model()):  # nothing to show until it starts: say so, not silence
             print(f"[gpupool: job {job.id} is {waiting}; its log follows once it starts]", file=sys.stderr)
@@ -131,6 +140,6 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    state = Job(args.job_id, _connect(args)).cancel()
+    state = Job(args.job_id, connect(args)).cancel()
     print(f"{args.job_id}\t{state}")
     return 0
