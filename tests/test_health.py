@@ -27,7 +27,7 @@ from gpupool.spawner.service.jobs.job_manager import JobManager
 from gpupool.spawner.service.jobs.submission import Submission
 from gpupool.spawner.service.leasing.health import HealthKeeper, unhealthy_reason
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager
-from gpupool.spawner.service.store.health_store import HealthStore
+from gpupool.spawner.service.store.health_store import HealthStore, StoredMark
 from gpupool.spawner.service.store.job_store import JobStore
 from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
 from gpupool.spawner.service.telemetry.telemetry_loop import Telemetry, make_sampler
@@ -243,3 +243,19 @@ def test_node_slash_gpu_is_read_as_a_node_and_a_gpu_index(text: str, body: dict[
 def test_a_malformed_node_slash_gpu_is_refused(text: str) -> None:
     with pytest.raises(GpupoolError, match="NODE"):
         parse_device(text)
+
+
+def test_a_stored_drain_of_a_gpu_or_node_now_gone_is_logged_in_one_plain_sentence(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trial shrank a node after draining its GPU 2 and read "node … has no GPU 2 is not in the pool"."""
+    _, keeper = service(tmp_path)
+    for where, index in (("dgx", 5), ("gone", None)):  # as an earlier pool file's drains stay stored
+        keeper.store.add(StoredMark(where, index, Health.DRAINED, "drained by ops", "ops", 0.0))
+    with caplog.at_level("WARNING"):
+        service(tmp_path)
+    said = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
+    assert sorted(said) == [
+        "drained of dgx/5 not applied, kept for when it is back: node dgx has no GPU 5",
+        "drained of gone not applied, kept for when it is back: node gone is not in the pool",
+    ]

@@ -89,9 +89,9 @@ class HealthKeeper:
             try:
                 stopped = self._apply(mark.node, mark.gpu_index, mark.health, mark.reason, mark.by)
             except KeyError as error:
-                log.warning(
-                    "%s of %s not applied: %s is not in the pool", mark.health, mark.key, error.args[0]
-                )
+                missing = str(error.args[0])  # a node's name, or a sentence naming a GPU the node lacks
+                said = missing if " " in missing else f"node {missing} is not in the pool"
+                log.warning("%s of %s not applied, kept for when it is back: %s", mark.health, mark.key, said)
                 continue
             log.info("%s stays %s (%s); %d jobs stopped", mark.key, mark.health, mark.reason, len(stopped))
 
