@@ -140,6 +140,28 @@ def test_a_site_label_that_is_no_known_product_is_kept_as_written() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("ask", "said"),
+    [
+        (
+            "gpus: {count: 1, products: [A100-90GB]}",
+            "gpus.products: unknown GPU product 'A100-90GB': A100 comes in 40 GB and 80 GB, not 90 GB",
+        ),
+        (
+            "share: {fraction: 0.5, products: [L4-48GB]}",
+            "share.products: unknown GPU product 'L4-48GB': L4 comes in 24 GB",
+        ),
+        ("mig: {profile: 1g.10gb, products: [A100]}", "mig.products: GPU product 'A100' is ambiguous"),
+    ],
+)
+def test_a_known_gpu_in_a_size_it_does_not_come_in_is_refused_naming_the_field(ask: str, said: str) -> None:
+    """A trial's ``products: [A100-90GB]`` was accepted, and the profile could never start: a pool file's
+    same typo is refused. Names of no known family stay allowed (site labels, above)."""
+    with pytest.raises(ProfileError) as refused:
+        one(f"    {ask}\n")
+    assert said in str(refused.value), refused.value
+
+
 # ---- who may use a profile -----------------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..pool.environments import Environment
-from ..pool.products import marketed_gb_to_mib
+from ..pool.products import UnknownProduct, UnknownSize, marketed_gb_to_mib, normalize_product
 from ..pool.profiles import DURATIONS, Profile, ProfileError, parse_duration, slug_problem
 from ..pool.requests import GpuNeed, GpuShare, InvalidRequest, MigSlice, WholeGpus
 from ..pool.software import Software
@@ -146,6 +146,13 @@ def _gpu_need(where: _Where, raw: dict[Any, Any]) -> GpuNeed | None:
         where.fail(f"{ask} must be a mapping such as {_GPU_EXAMPLES[ask]}, got {kind(spec)}")
     check_fields(where, spec, _GPU_FIELDS[ask], f" in {ask}")
     products = _names(where, spec.get("products"), f"{ask}.products", "[H100-80GB]")
+    for product in products:  # a model of no known family may be a site's own label: only sizes are checked
+        try:
+            normalize_product(product)
+        except UnknownSize as error:
+            where.fail(f"{ask}.products: {error}")
+        except UnknownProduct:
+            pass
     software = _software(where, spec, ask)
     try:
         if ask == "gpus":

@@ -73,6 +73,11 @@ class UnknownProduct(ValueError):
     """A product name that matches no GPU gpupool knows."""
 
 
+class UnknownSize(UnknownProduct):
+    """A known GPU family with a memory size it does not come in, or none where it comes in several: a
+    mistake, where a name of no known family may be a site's own model label."""
+
+
 def normalize_product(raw: str, memory_mib: int | None = None) -> str:
     """Return the canonical product name for any NVML, GPU Feature Discovery or short spelling.
 
@@ -115,9 +120,9 @@ def _size(raw: str, family: str, tokens: list[str], sizes: tuple[int, ...], memo
         stated = [round(memory_mib / 1024)]
     kinds = " and ".join(f"{s} GB" for s in sizes)
     if stated:
-        raise UnknownProduct(f"unknown GPU product {raw!r}: {family} comes in {kinds}, not {stated[0]} GB")
+        raise UnknownSize(f"unknown GPU product {raw!r}: {family} comes in {kinds}, not {stated[0]} GB")
     if len(sizes) > 1 and family != "H100":  # an H100 without "NVL" is the 80 GB part
-        raise UnknownProduct(
+        raise UnknownSize(
             f"GPU product {raw!r} is ambiguous: {family} comes in {kinds}; "
             f"say {' or '.join(f'{family}-{s}GB' for s in sizes)}"
         )
