@@ -141,7 +141,7 @@ def test_request_that_can_never_fit_says_so() -> None:
     assert isinstance(missing, Refusal) and missing.never_fits
     too_big = state.place(Request(cpu_milli=500_000, memory_mib=1024), "carol")
     assert isinstance(too_big, Refusal)
-    assert too_big.reason == "no node in this pool has 500 CPUs and 1 GiB of memory"
+    assert too_big.reason == "no node in this pool has 500 CPUs (at most 112)"
 
 
 def test_free_gpus_on_a_node_without_cpu_are_explained() -> None:

@@ -14,7 +14,7 @@ from yaml_damage import yaml_values
 
 from gpupool.spawner.backends.simulated import DEMO_POOL, load_pool_file
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles, parse_profiles
-from gpupool.spawner.pool.devices import Health, Node
+from gpupool.spawner.pool.devices import GpuMode, Health, Node
 from gpupool.spawner.pool.profiles import Profile, ProfileError, UnknownProfile, find_profile, fits_pool
 from gpupool.spawner.pool.requests import GpuShare, MigSlice, Request, WholeGpus
 from gpupool.spawner.pool.state import Allocation, PoolState
@@ -375,11 +375,23 @@ def test_a_file_problem_names_the_file_and_line(tmp_path: Path) -> None:
         ("    gpus: {count: 8, products: [H100-80GB]}\n", "this pool has at most 6 H100-80GB on one node; 8 were asked for"),
         ("    gpus: {count: 1, products: [B200]}\n", "this pool has no B200-180GB to give whole; it has A100-40GB, H100-80GB, L4-24GB"),
         ("    mig: {profile: 7g.80gb}\n", "this pool has no 7g.80gb slice; its MIG slices are 1g.10gb, 2g.20gb, 3g.40gb"),
-        ("    cpu: 200\n", "no node in this pool has 200 CPUs and 8 GiB of memory"),
+        ("    cpu: 200\n", "no node in this pool has 200 CPUs (at most 112)"),
+        ("    memory: 4096GiB\n", "no node in this pool has 4096 GiB of memory (at most 2048)"),
+        ("    share: {fraction: 0.5, memory_gb: 48, products: [L4]}\n", "a share with 48 GiB is more than any L4-24GB here has (24 GiB at most)"),
     ],
 )  # fmt: skip
 def test_a_profile_that_can_never_fit_the_demo_pool_says_why(extra: str, why: str) -> None:
     assert fits_pool(one(extra), DEMO_NODES) == why
+
+
+def test_a_whole_gpu_profile_on_a_pool_whose_gpus_of_that_model_are_all_in_mig_mode_says_so() -> None:
+    """A trial read "no H100-80GB to give whole; it has A100-80GB, H100-80GB, L4-24GB" of its MIG-mode H100."""
+    dgx = DEMO_NODES[0]
+    in_mig = dataclasses.replace(dgx, gpus=tuple(g for g in dgx.gpus if g.mode is GpuMode.MIG))
+    assert fits_pool(one("    gpus: {count: 1, products: [H100-80GB]}\n"), (in_mig, *DEMO_NODES[1:])) == (
+        "this pool has no H100-80GB to give whole; it has A100-40GB, L4-24GB; "
+        "its H100-80GB are in MIG mode, slices only"
+    )
 
 
 def test_a_profile_fits_a_pool_that_is_only_busy_or_unhealthy_now() -> None:

@@ -28,6 +28,11 @@ LAB_PROFILES = """profiles:
     cpu: 8
     memory: 32GiB
     default: true
+  - slug: h100-x8
+    display_name: Eight H100s
+    gpus: {count: 8, products: [H100-80GB]}
+    cpu: 64
+    memory: 512GiB
 """
 
 
@@ -156,6 +161,10 @@ def test_gpupool_up_with_an_f_file_serves_its_profiles_under_its_policy(tmp_path
     up = start_up(tmp_path, tmp_path / "state", free_port_family(), extra)
     try:
         assert "placement policy best-fit" in up.gpupool_lines()
+        assert (  # said at start, not only to whoever opens the form
+            "profile h100-x8 can never start on this pool: this pool has at most 6 H100-80GB on one node; "
+            "8 were asked for"
+        ) in up.gpupool_lines()
         with contextlib.closing(demo_hub_api(up)) as hub:
             server = start_demo_server(up, hub, "mig-half")
             assert environ_of(int(server["state"]["pid"]))["CUDA_VISIBLE_DEVICES"].startswith("MIG-")

@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .devices import Health, Node
+from .devices import GpuMode, Health, Node
 from .node_state import NodeState, gpu_kind_matches, instance_matches
 from .products import mib_to_marketed_gb
 from .requests import GpuNeed, GpuShare, MigSlice, Request, WholeGpus
@@ -76,22 +76,51 @@ def _never_fits(nodes: Sequence[NodeState], request: Request) -> str:
     if not any(
         request.cpu_milli <= ns.node.cpu_milli and request.memory_mib <= ns.node.memory_mib for ns in nodes
     ):
-        return f"no node in this pool has {_cpu_memory(request)}"
+        return _too_big(nodes, request)
     need = request.gpu
     if need is not None and need.software:
         short = _software_shortfall(nodes, request, need)
         if short:
             return short
-    offered = sorted({g.product for ns in nodes for g in ns.gpus})
     if isinstance(need, WholeGpus):
         most = max((len(_empty_and_healthy(ns.node).whole_gpu_candidates(need)) for ns in nodes), default=0)
         if most:
             return f"this pool has at most {most} {_device_noun(request)} on one node; {need.count} were asked for"
-        return f"this pool has no {_device_noun(request)} to give whole; it has {', '.join(offered) or 'no GPUs'}"
+        whole = sorted({g.product for ns in nodes for g in ns.gpus if g.mode is not GpuMode.MIG})
+        in_mig = sorted({g.product for ns in nodes for g in ns.gpus if g.mode is GpuMode.MIG} - set(whole))
+        mig_note = f"; its {', '.join(in_mig)} are in MIG mode, slices only" if in_mig else ""
+        return (
+            f"this pool has no {_device_noun(request)} to give whole; it has {', '.join(whole) or 'no whole GPUs'}"
+            + mig_note
+        )
     if isinstance(need, MigSlice):
         profiles = sorted({m.profile for ns in nodes for g in ns.gpus for m in g.mig_instances})
         return f"this pool has no {_device_noun(request)}; its MIG slices are {', '.join(profiles) or 'none'}"
+    if isinstance(need, GpuShare) and need.memory_mib:
+        shared = [
+            g.memory_mib
+            for ns in nodes
+            for g in ns.gpus
+            if g.mode is GpuMode.SHARED and (not need.products or g.product in need.products)
+        ]
+        largest = max(shared, default=0)
+        if shared and need.memory_mib > largest:
+            return (
+                f"a share with {need.memory_mib / 1024:g} GiB is more than any "
+                f"{' or '.join(sorted(need.products)) or 'GPU'} here has ({largest / 1024:g} GiB at most)"
+            )
     return f"this pool has no {_device_noun(request)} on a node with {_cpu_memory(request)}"
+
+
+def _too_big(nodes: Sequence[NodeState], request: Request) -> str:
+    """Which of CPU and memory no node has: ``no node in this pool has 1024 GiB of memory (at most 512)``."""
+    cpus = max(ns.node.cpu_milli for ns in nodes)
+    memory = max(ns.node.memory_mib for ns in nodes)
+    if request.cpu_milli <= cpus and request.memory_mib <= memory:  # each fits somewhere, never together
+        return f"no node in this pool has {_cpu_memory(request)}"
+    if request.cpu_milli > cpus:
+        return f"no node in this pool has {request.cpu_milli / 1000:g} CPUs (at most {cpus / 1000:g})"
+    return f"no node in this pool has {request.memory_mib / 1024:g} GiB of memory (at most {memory / 1024:g})"
 
 
 def _software_shortfall(nodes: Sequence[NodeState], request: Request, need: GpuNeed) -> str | None:
