@@ -135,12 +135,15 @@ def _how_to_apply(description: dict[str, Any]) -> list[str]:
     changed = sum(1 for g in gpus if g["changed"])
     return [
         f"{changed} GPU(s) on {len(nodes)} node(s) to change. gpupool never changes a MIG layout: empty each GPU "
-        "to change, put the config.yaml below in the GPU Operator's MIG Manager's ConfigMap, then select it:",
+        "to change, then, on Kubernetes, put the config.yaml below in the GPU Operator's MIG Manager's "
+        "ConfigMap and select it:",
         *(
             f"  kubectl label node {node} nvidia.com/mig.config={config_name(node)} --overwrite"
             for node in nodes
         ),
-        "and update the pool file's mig: entries (the fragments below).",
+        "or, on a host of its own (as root, with the GPU Operator's mig-parted tool; then restart gpupool):",
+        *(f"  nvidia-mig-parted apply -f config.yaml -c {config_name(node)}  # on {node}" for node in nodes),
+        "and, where a pool file describes the pool, update its mig: entries (the fragments below).",
         "",
         "# the MIG Manager's config.yaml (mig-parted's format), for its ConfigMap",
         description["mig_parted"].rstrip(),

@@ -172,6 +172,8 @@ def test_the_cli_advises_from_the_committed_sample(capsys: pytest.CaptureFixture
     assert "gpupool never changes a MIG layout" in out and "version: v1" in out and "mig:" in out
     assert "2 GPU(s) on 1 node(s) to change" in out and "NODE" not in out
     assert "  kubectl label node dgx-h100-01 nvidia.com/mig.config=gpupool-dgx-h100-01 --overwrite\n" in out
+    # a lab's single server has no MIG Manager: mig-parted itself applies the same config (a trial's pool)
+    assert "  nvidia-mig-parted apply -f config.yaml -c gpupool-dgx-h100-01  # on dgx-h100-01\n" in out
     assert "# the MIG Manager's config.yaml (mig-parted's format), for its ConfigMap\nversion: v1" in out
     assert main(["mig", "advise", "--trace", str(PODS), "--pool", str(DEMO_POOL), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
