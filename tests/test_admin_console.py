@@ -249,6 +249,26 @@ def test_a_login_cookie_changes_nothing_without_the_pages_xsrf_token_from_the_sa
         assert any(b["label"] == "Undrain" and b["body"] == body for b in _buttons(page))
 
 
+def test_an_unhealthy_gpu_has_a_repair_button_that_puts_it_back(tmp_path: Path, hub_api: str) -> None:
+    """A trial found no way back from a fault on the dashboard: repair was a curl command."""
+    service = Service(tmp_path, hub_api)
+    body = json.dumps({"node": NODE, "gpu_index": 2})
+    with Client(service.app) as client:
+        page = _as_browser(client, "GET", PREFIX, "root-token").text
+        xsrf = {"X-XSRFToken": _xsrf(page), "Sec-Fetch-Site": "same-origin"}
+        assert not [b for b in _buttons(page) if b["label"] == "Repair"]  # nothing is broken yet
+        fault = _as_browser(client, "POST", f"{API}/admin/faults", "root-token", body=body, **xsrf)
+        assert fault.status_code == 200 and fault.json()["health"] == "unhealthy", fault.text
+        page = _as_browser(client, "GET", PREFIX, "root-token").text
+        (repair,) = [b for b in _buttons(page) if b["label"] == "Repair"]
+        assert (repair["url"], repair["body"]) == (f"{API}/admin/repair", body)
+        assert "Only once it was reset or replaced" in repair["confirm"]
+        done = _as_browser(client, repair["method"], repair["url"], "root-token", body=repair["body"], **xsrf)
+        assert done.status_code == 200 and service.manager.health_of(NODE, 2) == "healthy", done.text
+        page = _as_browser(client, "GET", PREFIX, "root-token").text
+        assert not [b for b in _buttons(page) if b["label"] == "Repair"]
+
+
 def test_held_but_idle_on_the_dashboard_is_what_the_culler_calls_idle(tmp_path: Path, hub_api: str) -> None:
     """Fresh readings at 0%: idle to both. The sampler stopped long ago: the culler cannot say (unknown), so
     the dashboard does not call anything idle either (before, it listed every held device as idle)."""

@@ -213,3 +213,26 @@ def test_the_pool_tree_names_holders_health_and_never_calls_a_mig_gpu_free() -> 
     assert "split into MIG slices" in parent and "free" not in parent
     assert "alice" in slice_line and "util 40%" in slice_line and heat_colour(40.0) in slice_line
     assert "unhealthy" in broken and "util N/A" in broken
+    assert "free" not in broken  # a trial read "free unhealthy": out of the pool is not free to anyone
+
+
+def test_slices_of_a_gpu_out_of_the_pool_are_not_free_and_its_squares_are_outlined() -> None:
+    slices = [
+        {"uuid": f"MIG-{i}", "profile": "3g.40gb", "start": 4 * i, "free": True, "holders": []}
+        for i in (0, 1)
+    ]
+    gpu = {
+        "index": 0,
+        "uuid": "GPU-0",
+        "product": "H100",
+        "mode": "mig",
+        "health": "drained",
+        "free_milli": None,
+    }
+    node = {"name": "dgx", "health": "healthy", "cpu_milli": 8000, "cpu_free_milli": 8000}
+    pool = {"nodes": [node | {"gpus": [gpu | {"holders": [], "mig": slices}]}]}
+    lines = re.findall(r'<div class="dev[^"]*"[^>]*>(.*?)</div>', pool_tree(pool, {}, {}))
+    assert len(lines) == 3 and all("drained" in line and "free" not in line for line in lines), lines
+    squares = re.findall(r'<span class="(hm[^"]*)"[^>]*aria-label="([^"]*)"', heat_map(pool, {}, {}))
+    assert [c for c, _ in squares] == ["hm out", "hm out"]
+    assert squares[0][1] == "MIG 3g.40gb slice of H100 #0 on dgx: utilisation not available, drained"

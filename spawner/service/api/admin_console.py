@@ -92,7 +92,8 @@ def action_button(
 
 
 def device_controls(api_base: str) -> Controls:
-    """The pool tree's buttons: Drain a healthy (or unhealthy) node or GPU, Undrain a drained one."""
+    """The pool tree's buttons: Drain a healthy (or unhealthy) node or GPU, Undrain a drained one, Repair an
+    unhealthy one (reset or replaced)."""
 
     def controls(node: str, gpu_index: int | None, health: str) -> str:
         what = f"node {node}" if gpu_index is None else f"GPU {gpu_index} of node {node}"
@@ -107,7 +108,7 @@ def device_controls(api_base: str) -> Controls:
                 what=f"Undrain {what}",
                 done=f"Undrained {what}.",
             )
-        return action_button(
+        drain = action_button(
             "Drain",
             method="POST",
             url=f"{api_base}/admin/drain",
@@ -116,6 +117,17 @@ def device_controls(api_base: str) -> Controls:
             "requeued; servers keep running.",
             what=f"Drain {what}",
             done=f"Drained {what}.",
+        )
+        if health != "unhealthy":
+            return drain
+        return drain + action_button(
+            "Repair",
+            method="POST",
+            url=f"{api_base}/admin/repair",
+            body=body,
+            confirm=f"Mark {what} repaired? Only once it was reset or replaced: new work goes there again.",
+            what=f"Repair {what}",
+            done=f"Repaired {what}.",
         )
 
     return controls

@@ -94,7 +94,9 @@ def device_cell(
     memory_text = (
         NA if memory is None else f"{memory / 1024:.1f}" + (f"/{total / 1024:.0f} GiB" if total else " GiB")
     )
-    holder = (", ".join(holders) if holders else "free") if leased_whole else "split into MIG slices"
+    # a device out of the pool is not "free" to anyone: its health alone says what it is
+    unheld = "free" if health == "healthy" else ""
+    holder = (", ".join(holders) if holders else unheld) if leased_whole else "split into MIG slices"
     state = "" if health == "healthy" else f' <span class="bad">{_e(health)}</span>'
     return (
         f'<div class="dev{" held" if holders else ""}" title="{_e(uuid)}">'
@@ -145,7 +147,7 @@ def pool_tree(
                     f"MIG {m['profile']} @{m['start']}",
                     m["uuid"],
                     [users_of.get(h, h) for h in m["holders"]],
-                    "healthy",
+                    gpu["health"],  # a slice is as healthy as its GPU
                     latest.get(m["uuid"]),
                 )
                 for m in gpu["mig"]
@@ -179,8 +181,8 @@ def heat_map(
                 said = heat_label(
                     f"{label} on {node['name']}", util, [holders.get(h, h) for h in device["holders"]], health
                 )
-                cells.append(
-                    f'<span class="hm" role="img" data-uuid="{_e(device["uuid"])}" title="{_e(said)}" '
+                cells.append(  # "out": drained or unhealthy, outlined whatever its colour
+                    f'<span class="hm{" out" if health else ""}" role="img" data-uuid="{_e(device["uuid"])}" title="{_e(said)}" '
                     f'aria-label="{_e(said)}" style="background:{heat_colour(util)}">{_e(_pct(util))}</span>'
                 )
         rows.append(f"<tr><th>{_e(node['name'])}</th><td>{''.join(cells)}</td></tr>")
@@ -188,10 +190,11 @@ def heat_map(
 
 
 def heat_label(device: str, utilization: float | None, holders: Sequence[str], health: str = "") -> str:
-    """``H100-80GB #3 on dgx-h100-01: 42% used, held by alice's server`` (``, drained`` when not healthy)."""
+    """``H100-80GB #3 on dgx-h100-01: 42% used, held by alice's server`` (``, drained`` when not healthy; an
+    unheld device out of the pool is not called free)."""
     use = "utilisation not available" if utilization is None else f"{utilization:.0f}% used"
-    who = f"held by {' and '.join(holders)}" if holders else "free"
-    return f"{device}: {use}, {who}" + (f", {health}" if health else "")
+    who = f"held by {' and '.join(holders)}" if holders else "" if health else "free"
+    return f"{device}: " + ", ".join(part for part in (use, who, health) if part)
 
 
 def queue_table(queue: Sequence[QueuedLease]) -> str:
@@ -306,7 +309,7 @@ _CSS = (
     "vertical-align:middle}.m{color:#667;font-size:90%}.who{color:#225}.held .who{font-weight:bold}"
     ".bad{color:#b00;font-weight:bold}table{border-collapse:collapse}td,th{padding:2px 8px;text-align:left}"
     ".heat .hm{display:inline-block;min-width:3.2em;text-align:center;margin:1px;padding:4px 2px;"
-    "font-size:80%;border-radius:3px}.idle{color:#a40}section{margin-bottom:1.2em}"
+    "font-size:80%;border-radius:3px}.heat .hm.out{outline:2px dashed #b00}.idle{color:#a40}section{margin-bottom:1.2em}"
     "nav.hub{display:flex;gap:1.2em;align-items:center;background:#f3f4f6;margin:-1em -2em 0;padding:.5em 2em;"
     "border-bottom:1px solid #ddd}nav.hub .me{margin-left:auto;color:#667}"
     ".side{display:flex;flex-wrap:wrap;gap:2em;align-items:flex-start}.side>section{flex:1 1 28em}"
