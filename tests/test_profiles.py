@@ -247,7 +247,7 @@ def test_a_zero_duration_is_refused() -> None:
 
 ERRORS = [
     ("", "profiles.yaml: expected a mapping with a 'profiles' list at the top, got nothing"),
-    ("profiles: []\n", "profiles.yaml: 'profiles' must be a non-empty list of profiles, got a list"),
+    ("profiles: []\n", "profiles.yaml: 'profiles' must be a non-empty list of profiles, got an empty list"),
     (PROFILE + "profile: 1\n",
      "profiles.yaml: unknown field 'profile' at the top (did you mean 'profiles'?); allowed fields are profiles"),
     ("profiles: [cpu]\n",

@@ -194,6 +194,29 @@ def test_unreadable_memory_says_what_is_expected() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("gpus", "said"),
+    [
+        (
+            '{product: A100-80GB, count: 1, compute_capability: "7.0"}',
+            "gpus.compute_capability: a A100-80GB has 8.0, not 7.0 (leave it out for 8.0)",
+        ),
+        (
+            '{product: H100, count: 1, driver_version: "550.54.15", cuda_version: "99.9"}',
+            "gpus.cuda_version: driver 550.54.15 runs CUDA up to 12.4, not 99.9",
+        ),
+    ],
+)
+def test_a_gpu_the_pool_file_describes_impossibly_is_refused(gpus: str, said: str) -> None:
+    """A trial's A100 at compute capability 7.0, and CUDA 99.9 on driver 550, were taken as written."""
+    assert problem(NODE + f"    gpus: {gpus}\n") == f"pool.yaml: node gpu-a: {said}"
+
+
+def test_memory_in_tib_is_read() -> None:
+    """A trial's ``memory: 512TiB`` was refused as "must be like 512GiB"."""
+    assert parse(NODE.replace("64GiB", "2TiB"))[0].memory_mib == 2 * 1024 * 1024
+
+
 def test_an_unknown_product_lists_the_known_ones() -> None:
     message = problem(NODE + "    gpus: {product: X9000, count: 2}\n")
     assert message.startswith("pool.yaml: node gpu-a: gpus.product: unknown GPU product 'X9000'")
@@ -263,7 +286,7 @@ def test_a_file_that_is_not_a_mapping_with_nodes_is_refused(text: str, got: str)
 
 
 def test_an_empty_node_list_and_extra_top_level_fields_are_refused() -> None:
-    assert problem("nodes: []\n") == "pool.yaml: 'nodes' must be a non-empty list of nodes, got a list"
+    assert problem("nodes: []\n") == "pool.yaml: 'nodes' must be a non-empty list of nodes, got an empty list"
     assert "unknown field 'node' at the top (did you mean 'nodes'?)" in problem(NODE + "node: 1\n")
 
 

@@ -43,6 +43,7 @@ from ..files.yaml_fields import check_fields, kind, load_yaml, parse_memory_mib,
 from ..pool.devices import Gpu, GpuMode, Health, MigInstance, Node
 from ..pool.mig import Placement, fit, geometry, layout_problem, profile_memory_gb, why_not_fit
 from ..pool.products import PRODUCTS, UnknownProduct, normalize_product
+from ..pool.software import cuda_of_driver, version
 
 BACKEND_LABEL = "gpupool.io/backend"
 DEMO_POOL: Path = Path(str(files("gpupool.hub_config").joinpath("pools", "demo.yaml")))
@@ -197,9 +198,7 @@ def _gpus(where: _Where, raw: dict[Any, Any]) -> tuple[Gpu, ...]:
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_GPUS_PER_NODE:
         where.fail(f"gpus.count must be a whole number from 1 to {MAX_GPUS_PER_NODE}, got {count!r}")
     groups = _nvlink(where, spec.get("nvlink"), count)
-    capability = _version(where, spec.get("compute_capability"), "compute_capability", r"\d+\.\d+", "9.0")
-    driver = _version(where, spec.get("driver_version"), "driver_version", r"\d+(\.\d+)*", "550.54.15")
-    cuda = _version(where, spec.get("cuda_version"), "cuda_version", r"\d+\.\d+", "12.4")
+    capability, driver, cuda = _software(where, spec, product)
     mig = _mig(where, raw.get("mig"), product, count)
     shared = _shared(where, raw.get("shared"), count, set(mig))
     unhealthy = set(_indices(where, raw.get("unhealthy"), count, "unhealthy"))
@@ -265,6 +264,23 @@ def _nvlink(where: _Where, value: object, count: int) -> dict[int, int]:
                 where.at_gpu(index).fail(f"gpus.nvlink puts this GPU in groups {groups[index]} and {number}")
             groups[index] = number
     return groups
+
+
+def _software(where: _Where, spec: dict[Any, Any], product: str) -> tuple[str, str, str]:
+    """``compute_capability``, ``driver_version`` and ``cuda_version``, each optional; a capability the product
+    does not have, or a CUDA newer than the driver runs, is refused (placement would trust either)."""
+    capability = _version(where, spec.get("compute_capability"), "compute_capability", r"\d+\.\d+", "9.0")
+    driver = _version(where, spec.get("driver_version"), "driver_version", r"\d+(\.\d+)*", "550.54.15")
+    cuda = _version(where, spec.get("cuda_version"), "cuda_version", r"\d+\.\d+", "12.4")
+    known = _COMPUTE_CAPABILITY.get(product)
+    if capability and known and capability != known:
+        where.fail(
+            f"gpus.compute_capability: a {product} has {known}, not {capability} (leave it out for {known})"
+        )
+    most = cuda_of_driver(driver) if driver else None
+    if cuda and most and (version(cuda) or ()) > most:
+        where.fail(f"gpus.cuda_version: driver {driver} runs CUDA up to {most[0]}.{most[1]}, not {cuda}")
+    return capability, driver, cuda
 
 
 def _mig(where: _Where, value: object, product: str, count: int) -> dict[int, tuple[Placement, ...]]:

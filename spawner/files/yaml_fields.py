@@ -13,7 +13,8 @@ from typing import Any, NoReturn, Protocol
 
 import yaml
 
-_MEMORY = re.compile(r"\s*([0-9]+)\s*(GiB|MiB)\s*")
+_MEMORY = re.compile(r"\s*([0-9]+)\s*(TiB|GiB|MiB)\s*")
+_MIB_PER = {"TiB": 1024 * 1024, "GiB": 1024, "MiB": 1}
 
 
 class Where(Protocol):
@@ -76,17 +77,18 @@ def kind(value: object) -> str:
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):
-        return "a list"
+        return "a list" if value else "an empty list"
     return f"{type(value).__name__} {value!r}"
 
 
 def parse_memory_mib(where: Where, value: object, example: str, below: int | None = None) -> int:
-    """A ``memory`` field: ``16GiB``, ``512MiB`` or an integer of MiB, above zero (and under ``below``)."""
+    """A ``memory`` field: ``16GiB``, ``512MiB``, ``2TiB`` or an integer of MiB, above zero (and under
+    ``below``)."""
     mib: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         mib = value
     elif isinstance(value, str) and (match := _MEMORY.fullmatch(value)):
-        mib = int(match.group(1)) * (1024 if match.group(2) == "GiB" else 1)
+        mib = int(match.group(1)) * _MIB_PER[match.group(2)]
     if mib is None or mib <= 0 or (below is not None and mib >= below):
         where.fail(f"memory must be like {example} or an integer of MiB, got {value!r}")
     return mib

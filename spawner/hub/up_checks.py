@@ -36,13 +36,17 @@ def check_request(
         )
     for extra in extra_config:
         if not Path(extra).is_file():
-            raise UpError(f"-f {extra}: no such file")
+            raise UpError(f"-f {extra}: {_not_a_file(extra)}")
     if pool is not None and not Path(pool).is_file():
-        raise UpError(f"--pool {pool}: no such file")
+        raise UpError(f"--pool {pool}: {_not_a_file(pool)}")
     if kubeconfig is not None and pool is not None:
         raise UpError("--pool and --kubeconfig: choose one; on Kubernetes the pool is the cluster's nodes")
     if kubeconfig is not None and not Path(kubeconfig).is_file():
         raise UpError(f"--kubeconfig {kubeconfig}: no such file (gpupool kube up prints the path of its own)")
+
+
+def _not_a_file(path: str) -> str:
+    return "a folder, not a file" if Path(path).is_dir() else "no such file"
 
 
 def check_ports(port: int, ports: tuple[int | None, int | None, int | None]) -> dict[str, int]:
