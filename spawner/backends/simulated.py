@@ -9,16 +9,16 @@ Schema (see ``hub_config/pools/demo.yaml`` for a full example)::
     nodes:                      # required: a non-empty list of at most 10,000; no other top-level fields
       - name: dgx-h100-01       # required, unique: lowercase DNS labels (a-z, 0-9, '-'), may be joined by '.'
         cpu: 112                # required: cores, int or float (0.5 is 500 milli-CPU)
-        memory: 2048GiB         # required: "NNNGiB", "NNNMiB" or an integer of MiB
+        memory: 2048GiB         # required: "NNNGiB", "NNNMiB", "NTiB" or an integer of MiB
         labels: {rack: r1}      # optional: string keys, scalar values (stored as strings)
         health: healthy         # optional: healthy | unhealthy | drained
-        gpus:                   # optional: leave out for a CPU-only node
+        gpus:                   # optional: leave out for a CPU-only node; one product a node
           product: H100-80GB    # required: any spelling products.normalize_product accepts; stored canonical
           count: 8              # required: 1 to 64; GPU memory comes from the product
           nvlink: true          # optional: true (all in NVLink group 0) or index lists, one per group
-          compute_capability: "9.0"    # optional: defaults to the product's
+          compute_capability: "9.0"    # optional: the product's; a known product's own, if given
           driver_version: "550.54.15"  # optional: quote it, or YAML may read it as a number
-          cuda_version: "12.4"         # optional: the CUDA the driver supports (default: from driver_version)
+          cuda_version: "12.4"         # optional: the CUDA the driver supports (default and most: driver's)
         mig:                    # optional: GPU index -> "profile@start" list; no @start: mig.fit places it
           6: [3g.40gb@0, 3g.40gb@4]
         shared:                 # optional: GPU index or "all" -> most holders at once (>= 2); index beats all
