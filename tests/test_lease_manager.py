@@ -123,6 +123,16 @@ def test_quota_refusal_stores_nothing_and_names_the_limit(tmp_path: Path) -> Non
     assert ask(m, "bob", WHOLE).state is LeaseState.GRANTED
 
 
+def test_a_request_no_node_could_ever_serve_is_told_so_before_its_quota(tmp_path: Path) -> None:
+    """A trial's 8-GPU job on a pool of 6-GPU nodes was refused as over the quota ("8 more were asked for"),
+    which no quota would mend."""
+    m = manager(tmp_path, quotas=QuotaPolicy(per_user=Quota(whole_gpus=2)))
+    eight = Request(1000, 1024, WholeGpus(8, H100))
+    with pytest.raises(NeverFits, match="8 were asked for"):
+        ask(m, "alice", eight)
+    assert m.refusals["never_fits"] == 1 and m.refusals["quota"] == 0
+
+
 def test_queued_leases_count_against_the_quota(tmp_path: Path) -> None:
     m = manager(tmp_path, nodes=pool(whole=1), quotas=QuotaPolicy(per_user=Quota(whole_gpus=2)))
     ask(m, "alice", WHOLE)

@@ -5,9 +5,8 @@ undone if the write fails), so whatever happens in between, the store is right a
 from it. Restoring re-applies every granted lease at exactly its recorded devices and puts queued leases back
 in their order; a lease whose devices the pool no longer has is released with reason "devices gone: …".
 
-One manager owns a store at a time. Its methods take a lock, so HTTP handlers on several threads may call it.
-Quotas count queued leases as held: a queued lease is admitted later without its user's groups at hand, so
-it must already fit when it is asked for.
+One manager owns a store at a time; its methods take a lock, so HTTP handlers on several threads may call it.
+Quotas count queued leases as held (a queued lease is admitted later without its user's groups at hand).
 
 Within a priority the queue is ordered by fair share: before each admission pass the manager takes a snapshot
 of every user's GPU usage over the last ``usage_window`` seconds (granted leases, and those released inside
@@ -108,9 +107,10 @@ class LeaseManager:
             if self.quotas is not None:
                 held = [lease.request for lease in self.store.list_for_user(user, active_only=True)]
                 refusal = self.quotas.check(user, groups, request, held)
-                if refusal is not None:
-                    self.refusals["quota"] += 1
-                    raise refusal
+                if refusal is not None:  # unless no quota would help: then say that instead
+                    reason, never = explain_refusal(self._pool.nodes, request)
+                    self.refusals["never_fits" if never else "quota"] += 1
+                    raise NeverFits(reason) if never else refusal
             at = self._clock() if arrival is None else arrival
             new = NewLease(owner_kind, user, owner_name, profile_slug, request, priority, at)
             if lease_id is not None:
