@@ -164,6 +164,15 @@ def test_the_admin_starts_a_profile_kept_for_a_group_as_the_spawn_form_offers_it
             server = start_demo_server(up, hub, "a100-pair")
             assert environ_of(int(server["state"]["pid"]))["CUDA_VISIBLE_DEVICES"].count("GPU-") == 2
             assert hub.delete("/users/demo/server").status_code in (202, 204)
+            # and a job, from a token that carries no gpupool admin scope (a notebook's), as the form offers it
+            made = hub.post("/users/demo/tokens", json={"scopes": ["access:services!service=gpupool"]})
+            assert made.status_code == 201, made.text
+            api = f"{up.url}/services/gpupool/api/v1"
+            notebook = {"Authorization": f"token {made.json()['token']}"}
+            job = {"command": ["sleep", "30"], "profile": "h100-x4"}
+            submitted = httpx.post(f"{api}/jobs", json=job, headers=notebook, timeout=30)
+            assert submitted.status_code == 201, submitted.text  # was 403: "only members of training"
+            httpx.delete(f"{api}/jobs/{submitted.json()['id']}", headers=notebook, timeout=30)
     finally:
         up.stop()
 

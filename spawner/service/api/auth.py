@@ -53,11 +53,17 @@ class Caller:
     kind: str  # "user" or "service"
     groups: frozenset[str]
     scopes: frozenset[str]
-    hub_admin: bool = False  # the hub's own admin flag: its admin page is theirs (grants nothing here)
+    hub_admin: bool = False  # the hub's own admin flag: its admin page is theirs, and every profile
 
     @property
     def is_admin(self) -> bool:
         return ADMIN_SCOPE in self.scopes
+
+    @property
+    def uses_every_profile(self) -> bool:
+        """Whether profiles kept for groups are open to this caller, as the hub's spawn form offers them to the
+        hub's admins (whatever scopes the token carries) and to gpupool's."""
+        return self.is_admin or self.hub_admin
 
     @property
     def acts_for_others(self) -> bool:

@@ -57,7 +57,7 @@ async def post_job(body: JobRequest, parts: PartsDep, caller: CallerDep, respons
     if caller.kind != "user":
         raise HTTPException(status.HTTP_403_FORBIDDEN, "jobs run as a user; submit with a user's token")
     profile = find_profile(jobs.profiles, body.profile)
-    if not profile.visible_to(caller.groups, caller.is_admin):
+    if not profile.visible_to(caller.groups, caller.uses_every_profile):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
             f"profile: only members of {' or '.join(sorted(profile.groups))} may use {profile.slug}",

@@ -115,7 +115,9 @@ async def post_lease(
         raise HTTPException(status.HTTP_400_BAD_REQUEST, "user: name the user whose server the lease is for")
     groups = frozenset(body.groups or ())
     profile = find_profile(parts.profiles, body.profile)
-    if not profile.visible_to(groups, body.admin or caller.is_admin):  # the spawner vouches for groups, admin
+    if not profile.visible_to(
+        groups, body.admin or caller.uses_every_profile
+    ):  # the spawner vouches for both
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
             f"profile: only members of {' or '.join(sorted(profile.groups))} may use {profile.slug}",
