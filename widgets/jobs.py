@@ -13,6 +13,7 @@ asks the service afresh: a handle never holds stale state.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -136,6 +137,8 @@ def submission(
     ``environment="notebook"`` is the notebook's own (its server's ``GPUPOOL_ENVIRONMENT``)."""
     if isinstance(command, str):
         raise TypeError('command must be a list of arguments, e.g. ["python", "train.py"], not a string')
+    if isinstance(max_runtime, float) and not math.isfinite(max_runtime):  # JSON has no NaN: say which field
+        raise ValueError(f"max_runtime: seconds or a duration such as '2h', got {max_runtime}")
     body: dict[str, Any] = {
         "command": list(command),
         "profile": profile,

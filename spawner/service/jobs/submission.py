@@ -26,6 +26,7 @@ from .processes import Identity, find_executable
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RESERVED = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+_PYTHON = re.compile(r"python[0-9.]*")
 MAX_ARGS = 1024
 MAX_ARG_BYTES = 128 * 1024  # Linux's MAX_ARG_STRLEN: a longer argument fails only at execve (E2BIG)
 MAX_ENV = 256
@@ -39,6 +40,20 @@ class TooManyQueuedJobs(ValueError):
 
 class SubmissionConflict(ValueError):
     """A submission id already used for a different job."""
+
+
+def default_name(command: Sequence[str]) -> str:
+    """A job's name when none is given: the program, or for ``python train.py`` (``python -m pkg.train``) the
+    script (module) it runs, so a user's list does not read "python" on every line."""
+    program = os.path.basename(command[0])
+    rest = list(command[1:])
+    if _PYTHON.fullmatch(program) and "-c" not in rest:
+        if "-m" in rest[:-1]:
+            return rest[rest.index("-m") + 1]
+        script = next((arg for arg in rest if not arg.startswith("-")), None)
+        if script is not None:
+            return os.path.basename(script)
+    return program
 
 
 @dataclass(frozen=True)
@@ -131,7 +146,7 @@ def check_submission(
         env=checked_env,
         max_runtime=max_runtime if max_runtime is not None else limit,
         priority_class=priority_class,
-        name=name or os.path.basename(command[0]),
+        name=name or default_name(command),
         request=profile.request(max_runtime if max_runtime is not None else limit, environment),
     )
 
