@@ -208,20 +208,26 @@ def test_a_pending_cull_warning_shows_on_the_users_hub_home_page(hub: RunningHub
     lease = lease_for(hub, ADMIN_USER, "mig-3g", "")
     reason = "its GPUs have been idle (at most 10% utilisation) for 30m, the limit of profile mig-3g"
     warning = {"user": ADMIN_USER, "lease_id": lease["id"], "cull_at": time.time() + 600, "reason": reason}
+    cpu_only = lease_for(hub, ADMIN_USER, "cpu", "notes")  # a named server with no GPU: "its CPUs and memory"
+    notes = warning | {"lease_id": cpu_only["id"], "server": "notes", "reason": "it has been inactive for 1h"}
     with hub.as_user("admin") as admin:  # the culler's part: the admin service token may record warnings
         assert admin.post("/warnings", json=warning).status_code == 201
+        assert admin.post("/warnings", json=notes).status_code == 201
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 800})
         with screenshot_on_failure(page, "home-cull-warning-failure.png"):
             log_in(page, hub.url, ADMIN_USER)
             page.goto(f"{hub.url}/hub/home")
-            shown = page.locator(".gpupool-cull-warning")
-            expect(shown).to_contain_text("Your server will be stopped in", timeout=30_000)
-            expect(shown).to_contain_text(reason)
+            shown = page.locator(".gpupool-cull-warning").filter(has_text="Your server will be stopped in")
+            expect(shown).to_contain_text(reason, timeout=30_000)
+            expect(shown).to_contain_text("and its GPUs returned to the pool")
+            notes_shown = page.locator(".gpupool-cull-warning").filter(has_text="Your server “notes” will be")
+            expect(notes_shown).to_contain_text("and its CPUs and memory returned to the pool")
             page.screenshot(path=str(artifacts() / "home-cull-warning.png"), full_page=True)
         page.close()
     with hub.as_user("admin") as admin:
         assert admin.delete(f"/leases/{lease['id']}").status_code == 200
+        assert admin.delete(f"/leases/{cpu_only['id']}").status_code == 200
     # mona has no warning: the page's source for it answers her an empty list
     mine = httpx.get(
         f"{hub.url}/services/{SERVICE}/my/warnings", params={"token": hub.tokens[USER]}, timeout=20

@@ -191,7 +191,16 @@ async def my_warnings(request: Request, parts: PartsDep, caller: BrowserCaller) 
     """The caller's pending cull warnings, for the hub's home page."""
     if caller is None:
         return _log_in(parts, request)
-    return JSONResponse([asdict(w) for w in parts.culls.pending(parts.clock(), caller.name)])
+    warnings = parts.culls.pending(parts.clock(), caller.name)
+    return JSONResponse([asdict(w) | {"holds_gpus": _holds_gpus(parts, w.lease_id)} for w in warnings])
+
+
+def _holds_gpus(parts: ServiceParts, lease_id: str | None) -> bool:
+    """Whether the warned server's lease holds GPUs (what the home page says goes back to the pool)."""
+    try:
+        return bool(lease_id and parts.manager.get(lease_id).devices)
+    except LookupError:
+        return False
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
