@@ -105,6 +105,8 @@ def test_the_job_panel_renders_in_jupyterlab_submits_a_job_and_shows_it_succeed(
                 profile = panel.locator(".widget-dropdown", has=page.locator("label", has_text="Profile"))
                 cpu = profile.locator("option", has_text="CPU only").first
                 expect(cpu).to_be_attached(timeout=30_000)
+                # the demo pool is no real GPUs: the panel says so, as GpuMonitor does (a trial missed it)
+                expect(panel.locator(".gpupool-simulated")).to_have_text("simulated", timeout=30_000)
                 profile.locator("select").select_option(label=cpu.inner_text())
                 panel.locator("button", has_text="Submit").click()
 

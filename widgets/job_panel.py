@@ -27,6 +27,8 @@ from .poller import Poller, in_background
 WAITING = "waiting for the gpupool service…"
 REPLACED = "replaced by a newer JobPanel (a cell ran again): this one no longer refreshes"
 
+# as GpuMonitor's, styled here: the panel carries no style sheet of its own
+_SIMULATED_LABEL = '<span class="gpupool-simulated" style="background:#fd7;padding:1px 6px;border-radius:4px">simulated</span> '
 _LOG_TAIL = 20_000  # characters of the log shown; the rest is one job.logs() away
 
 
@@ -186,7 +188,7 @@ class JobPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         if self._about_service:
             self._say("")  # answered: the waiting, or the last failure, is over
         self._show(profile_choices(profiles), jobs, default_profile(profiles))
-        await self._show_standing()
+        await self._show_standing(simulated=any(p.get("simulated") for p in profiles))
         if self.chosen.value:
             try:
                 log = await self.connection.atext(f"jobs/{self.chosen.value}/logs", offset=0)
@@ -194,15 +196,16 @@ class JobPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             except GpupoolError as error:
                 self.log_view.value = str(error)
 
-    async def _show_standing(self) -> None:
-        """The user's quota line; left empty by a service too old to answer ``GET quota``."""
+    async def _show_standing(self, *, simulated: bool) -> None:
+        """The simulated label (the pool is no real GPUs) and the user's quota line; no quota line from a
+        service too old to answer ``GET quota``."""
         try:
             summary = str((await self.connection.acall("GET", "quota"))["summary"])
         except GpupoolError:
             summary = ""
-        self.standing.value = (
-            f'<span class="gpupool-standing">{html.escape(summary)}</span>' if summary else ""
-        )
+        label = _SIMULATED_LABEL if simulated else ""
+        line = f'<span class="gpupool-standing">{html.escape(summary)}</span>' if summary else ""
+        self.standing.value = label + line
 
     def _show(self, choices: list[tuple[str, str]], jobs: list[dict[str, Any]], default: str | None) -> None:
         """The choices (keeping the user's pick, else the form's default), the table, and the job whose log

@@ -47,7 +47,9 @@ def _holders_shown_to(manager: LeaseManager, user: str) -> Callable[[str], str]:
 async def get_profiles(parts: PartsDep, caller: CallerDep) -> list[ProfileOut]:
     # The hub's spawners show every profile (with why one is closed), so they get availability for all.
     usable = [
-        p for p in parts.profiles if caller.acts_for_others or p.visible_to(caller.groups, caller.is_admin)
+        p
+        for p in parts.profiles
+        if caller.acts_for_others or p.visible_to(caller.groups, caller.uses_every_profile)
     ]
     never_fits = parts.never_fits
     manager = parts.manager
@@ -56,7 +58,8 @@ async def get_profiles(parts: PartsDep, caller: CallerDep) -> list[ProfileOut]:
     for p in usable:
         now, queued = counts.get(p.slug, (0, 0))
         start = manager.expected_start_of_new(p.request()) if not now and not never_fits[p.slug] else None
-        rows.append(ProfileOut.from_profile(p, now, queued, never_fits[p.slug], start))
+        simulated = parts.backend == "simulated"
+        rows.append(ProfileOut.from_profile(p, now, queued, never_fits[p.slug], start, simulated=simulated))
     return rows
 
 

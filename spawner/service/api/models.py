@@ -182,6 +182,10 @@ class ProfileOut(BaseModel):
     available_now: int = Field(description="how many could start right now (counted up to 64)")
     queued: int = Field(description="how many leases of this profile wait in the queue")
     never_fits: str | None = Field(description="why the pool can never serve it, or null")
+    simulated: bool = Field(
+        default=False,
+        description="the pool is the simulated backend's: what is free is a stand-in, no real GPU",
+    )
     expected_start: float | None = Field(
         default=None,
         description="when none could start now: when one asked now could expect to start (epoch seconds), "
@@ -206,6 +210,8 @@ class ProfileOut(BaseModel):
         queued: int,
         never_fits: str | None,
         expected_start: float | None = None,
+        *,
+        simulated: bool = False,
     ) -> ProfileOut:
         return cls(
             slug=profile.slug,
@@ -218,6 +224,7 @@ class ProfileOut(BaseModel):
             available_now=available_now,
             queued=queued,
             never_fits=never_fits,
+            simulated=simulated,
             expected_start=expected_start,
             idle_timeout=profile.idle_timeout,
             max_lifetime=profile.max_lifetime,
