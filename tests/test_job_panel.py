@@ -113,9 +113,10 @@ def test_the_panel_starts_on_the_forms_default_profile_and_the_newest_jobs_log()
 def test_a_waiting_job_and_a_full_profile_say_when_they_can_expect_to_start() -> None:
     """Finding 1 of the researcher's-day review: a queued job showed only its place in line."""
     start = time_of_day(5_000.0)
-    table = jobs_table([_job(state="queued", position=0, devices=[], expected_start=5_000.0)])
-    assert f"queued (#1 in line, expected to start by {start})" in table
+    table = jobs_table([_job(state="queued", position=0, devices=[], expected_start=5_000.0)], now=4_280.0)
+    assert f"queued (#1 in line, expected to start by {start} (in about 12 min))" in table
     full = {"slug": "h100", "display_name": "One H100", "available_now": 0, "queued": 2, "never_fits": None}
-    assert profile_choices([full | {"expected_start": 5_000.0}]) == [
-        (f"One H100 — 0 free now, 2 queued, one could start by {start}", "h100")
+    # and how long from now: a trial read "06:14 UTC" of a slot half a day away, with no date
+    assert profile_choices([full | {"expected_start": 5_000.0}], now=5_000.0 - 11.9 * 3600) == [
+        (f"One H100 — 0 free now, 2 queued, one could start by {start} (in about 11.9 h)", "h100")
     ]

@@ -10,13 +10,22 @@ if TYPE_CHECKING:
     from spawner.client import EXAMPLE_URL, Connection, GpupoolError
     from spawner.names import UP_STATE
     from spawner.pool.environments import ENV_VAR
-    from spawner.pool.expected_start import time_of_day
+    from spawner.pool.expected_start import in_words, time_of_day
     from spawner.pool.job_states import MAX_RETRIES
 else:
     from gpupool.spawner.client import EXAMPLE_URL, Connection, GpupoolError
     from gpupool.spawner.names import UP_STATE
     from gpupool.spawner.pool.environments import ENV_VAR
-    from gpupool.spawner.pool.expected_start import time_of_day
+    from gpupool.spawner.pool.expected_start import in_words, time_of_day
     from gpupool.spawner.pool.job_states import MAX_RETRIES
 
-__all__ = ["ENV_VAR", "EXAMPLE_URL", "MAX_RETRIES", "UP_STATE", "Connection", "GpupoolError", "time_of_day"]
+__all__ = [
+    "ENV_VAR",
+    "EXAMPLE_URL",
+    "MAX_RETRIES",
+    "UP_STATE",
+    "Connection",
+    "GpupoolError",
+    "in_words",
+    "time_of_day",
+]

@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import html
 import shlex
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import ipywidgets as w  # type: ignore[import-untyped]
 from traitlets import Float
 
-from ._api import Connection, GpupoolError, time_of_day
+from ._api import Connection, GpupoolError, in_words, time_of_day
 from .jobs import Job, submission
 from .poller import Poller, in_background
 
@@ -32,9 +33,10 @@ _SIMULATED_LABEL = '<span class="gpupool-simulated" style="background:#fd7;paddi
 _LOG_TAIL = 20_000  # characters of the log shown; the rest is one job.logs() away
 
 
-def profile_choices(profiles: Iterable[Mapping[str, Any]]) -> list[tuple[str, str]]:
+def profile_choices(profiles: Iterable[Mapping[str, Any]], now: float | None = None) -> list[tuple[str, str]]:
     """``(label, slug)`` per profile the user may use, as the spawn form lists them: the label says how many
     could start now, or why the pool can never run it."""
+    at = time.time() if now is None else now
     choices = []
     for profile in profiles:
         if profile.get("never_fits"):
@@ -43,7 +45,7 @@ def profile_choices(profiles: Iterable[Mapping[str, Any]]) -> list[tuple[str, st
             now, queued = int(profile.get("available_now", 0)), int(profile.get("queued", 0))
             waiting = f", {queued} queued" if queued else ""
             start = profile.get("expected_start")
-            expected = f", one could start by {time_of_day(float(start))}" if not now and start else ""
+            expected = f", one could start by {_when(float(start), at)}" if not now and start else ""
             label = f"{profile['display_name']} — {now} free now{waiting}{expected}"
         choices.append((label, str(profile["slug"])))
     return choices
@@ -56,15 +58,16 @@ def default_profile(profiles: Iterable[Mapping[str, Any]]) -> str | None:
     return str(chosen["slug"]) if chosen else None
 
 
-def jobs_table(jobs: Iterable[Mapping[str, Any]]) -> str:
+def jobs_table(jobs: Iterable[Mapping[str, Any]], now: float | None = None) -> str:
     """My jobs, newest first, as an HTML table: name, state (with queue position), devices, reason."""
+    at = time.time() if now is None else now
     rows = []
     for job in sorted(jobs, key=lambda j: j.get("submitted_at", 0), reverse=True):
         state = str(job["state"])
         if state in ("queued", "requeued") and job.get("position") is not None:
             state += f" (#{int(job['position']) + 1} in line"
             start = job.get("expected_start")
-            state += f", expected to start by {time_of_day(float(start))})" if start else ")"
+            state += f", expected to start by {_when(float(start), at)})" if start else ")"
         devices = ", ".join(d.get("label", d.get("uuid", "")) for d in job.get("devices", [])) or "—"
         cells = (job["id"], job["name"], job["profile"], state, devices, job.get("reason", ""))
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
@@ -72,6 +75,11 @@ def jobs_table(jobs: Iterable[Mapping[str, Any]]) -> str:
         return "<p>No jobs yet: submit one above.</p>"
     head = "".join(f"<th>{h}</th>" for h in ("id", "name", "profile", "state", "devices", "why"))
     return f'<table class="gpupool-jobs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _when(start: float, now: float) -> str:
+    """``06:14 UTC (in about 11.9 h)``: a time of day alone cannot tell today's from tomorrow's."""
+    return in_words(start, now, time_of_day).removeprefix("expected to start by ")
 
 
 def _error(text: str) -> str:
