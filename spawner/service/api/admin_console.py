@@ -98,37 +98,33 @@ def device_controls(api_base: str) -> Controls:
     def controls(node: str, gpu_index: int | None, health: str) -> str:
         what = f"node {node}" if gpu_index is None else f"GPU {gpu_index} of node {node}"
         body = {"node": node} | ({} if gpu_index is None else {"gpu_index": gpu_index})
-        if health == "drained":
+
+        def post(label: str, route: str, confirm: str, done: str) -> str:
             return action_button(
-                "Undrain",
+                label,
                 method="POST",
-                url=f"{api_base}/admin/undrain",
+                url=f"{api_base}/admin/{route}",
                 body=body,
-                confirm=f"Undrain {what}? New work may be placed there again.",
-                what=f"Undrain {what}",
-                done=f"Undrained {what}.",
+                confirm=confirm,
+                what=f"{label} {what}",
+                done=f"{done} {what}.",
             )
-        drain = action_button(
+
+        if health == "drained":
+            return post(
+                "Undrain", "undrain", f"Undrain {what}? New work may be placed there again.", "Undrained"
+            )
+        drain = post(
             "Drain",
-            method="POST",
-            url=f"{api_base}/admin/drain",
-            body=body,
-            confirm=f"Drain {what}? Nothing new is placed there; jobs running there are stopped and "
-            "requeued; servers keep running.",
-            what=f"Drain {what}",
-            done=f"Drained {what}.",
+            "drain",
+            f"Drain {what}? Nothing new is placed there; jobs running there are stopped and requeued; servers "
+            "keep running.",
+            "Drained",
         )
         if health != "unhealthy":
             return drain
-        return drain + action_button(
-            "Repair",
-            method="POST",
-            url=f"{api_base}/admin/repair",
-            body=body,
-            confirm=f"Mark {what} repaired? Only once it was reset or replaced: new work goes there again.",
-            what=f"Repair {what}",
-            done=f"Repaired {what}.",
-        )
+        repair = f"Mark {what} repaired? Only once it was reset or replaced: new work goes there again."
+        return drain + post("Repair", "repair", repair, "Repaired")
 
     return controls
 
