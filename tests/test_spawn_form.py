@@ -257,7 +257,8 @@ def test_the_form_shows_the_users_quota_each_profiles_limits_and_when_one_could_
     """Finding 6 of the researcher's-day review: the form left out the user's quota and holdings, the idle and
     lifetime limits, and the expected wait when nothing is free."""
     h100 = next(p for p in PROFILES if p.slug == "h100")
-    assert limits_text(h100).startswith("stopped after 2h idle · lives at most 2d")
+    # the GPU's own idle limit too, which culls first (a trial saw only "1h idle" for a 30m GPU limit)
+    assert limits_text(h100).startswith("stopped after 2h idle or 1h with its GPU unused · lives at most 2d")
     live = Availability({"h100": (0, 2), "cpu": (3, 0)}, {}, "simulated", {"h100": 1_000.0 + 25 * 60})
     choices = from_service(PROFILES, [], False, live, now=1_000.0)
     html = render_form(choices, backend="simulated", standing="Your quota: 4 whole GPUs, 1 held")

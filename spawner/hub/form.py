@@ -237,10 +237,14 @@ def availability_text(choice: ProfileChoice) -> str:
 
 
 def limits_text(profile: Profile) -> str:
-    """The limits a user plans by: ``stopped after 2h idle · lives at most 2d · waits up to 4h for a device``."""
+    """The limits a user plans by: ``stopped after 2h idle or 1h with its GPU unused · lives at most 2d · waits
+    up to 4h for a device`` (the GPU's limit is often the first to come)."""
     parts = []
-    if profile.idle_timeout:
-        parts.append(f"stopped after {format_duration(profile.idle_timeout)} idle")
+    idle = [f"{format_duration(profile.idle_timeout)} idle"] if profile.idle_timeout else []
+    if profile.gpu_idle_timeout:
+        idle.append(f"{format_duration(profile.gpu_idle_timeout)} with its GPU unused")
+    if idle:
+        parts.append(f"stopped after {' or '.join(idle)}")
     if profile.max_lifetime:
         parts.append(f"lives at most {format_duration(profile.max_lifetime)}")
     if profile.queue_wait:
