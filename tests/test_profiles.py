@@ -213,7 +213,7 @@ def test_an_unknown_slug_lists_the_valid_ones() -> None:
 @pytest.mark.parametrize(
     ("written", "seconds"),
     [("90s", 90), ("30m", 1800), ("8h", 28800), ("2d", 172800), ("1h30m", 5400), (" 1h 30m ", 5400),
-     ("1d12h", 129600), (3600, 3600), ("3600", 3600)],
+     ("1d12h", 129600), (3600, 3600), ("3600", 3600), ("1.5h", 5400), ("0.5d", 43200), ("2.5m", 150)],
 )  # fmt: skip
 def test_durations_are_written_with_units_or_as_seconds(written: object, seconds: int) -> None:
     value = repr(written) if isinstance(written, str) else written
@@ -229,7 +229,7 @@ def test_durations_left_out_are_none() -> None:
     assert profile.queue_wait is None
 
 
-@pytest.mark.parametrize("written", ["'30 minutes'", "1.5h", "1.5", "-5", "true", "'h'", "'30m1h'", "''"])
+@pytest.mark.parametrize("written", ["'30 minutes'", "1.5", "1.5s", "-5", "true", "'h'", "'30m1h'", "''"])
 def test_a_duration_that_is_not_one_says_how_to_write_it(written: str) -> None:
     assert problem(PROFILE + f"    max_lifetime: {written}\n").startswith(
         "profiles.yaml: profile p: max_lifetime must be a duration such as 30m, 8h or 2d, "

@@ -24,11 +24,13 @@ _DURATION = re.compile(r"(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)
 
 
 def parse_duration(text: str) -> int | None:
-    """Seconds in ``90s``, ``30m``, ``8h``, ``2d``, ``1h30m`` or ``3600`` (spaces ignored); None if it is not
-    one of those."""
+    """Seconds in ``90s``, ``30m``, ``8h``, ``1.5h``, ``2d``, ``1h30m`` or ``3600`` (spaces ignored); None if it
+    is not one of those."""
     text = re.sub(r"\s+", "", text)
     if re.fullmatch(r"[0-9]{1,11}", text):
         return int(text)
+    if fraction := re.fullmatch(r"([0-9]{1,6}\.[0-9]{1,3})([dhm])", text):  # 1.5h: as a researcher writes it
+        return round(float(fraction.group(1)) * {"d": 86400, "h": 3600, "m": 60}[fraction.group(2)])
     match = _DURATION.fullmatch(text)
     if not text or not match or len(text) >= 16:
         return None
