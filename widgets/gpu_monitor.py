@@ -236,12 +236,13 @@ def monitor_html(
     )
 
 
+SIMULATED_STYLE = "background:#fd7;padding:1px 6px;border-radius:4px"  # the "simulated" label, JobPanel's too
 _CSS = (
     ".gpupool-cards{display:flex;flex-wrap:wrap;gap:8px}"
     ".gpupool-card{border:1px solid #ccd;border-radius:6px;padding:6px 10px;background:#fff}"
     ".gpupool-card-title{font-weight:bold}.gpupool-uuid{font-size:80%;color:#667}"
     ".gpupool-metrics th{text-align:left;padding-right:8px}.gpupool-value{min-width:9em}"
-    ".gpupool-na{color:#999}.gpupool-simulated{background:#fd7;padding:1px 6px;border-radius:4px}"
+    f".gpupool-na{{color:#999}}.gpupool-simulated{{{SIMULATED_STYLE}}}"
     ".gpupool-warning{background:#fee;border:1px solid #c66;padding:4px;margin:4px 0}"
 )
 

@@ -21,15 +21,16 @@ from typing import Any
 import ipywidgets as w  # type: ignore[import-untyped]
 from traitlets import Float
 
-from ._api import Connection, GpupoolError, in_words, time_of_day
+from ._api import Connection, GpupoolError, time_and_span, time_of_day
+from .gpu_monitor import SIMULATED_STYLE
 from .jobs import Job, submission
 from .poller import Poller, in_background
 
 WAITING = "waiting for the gpupool service…"
 REPLACED = "replaced by a newer JobPanel (a cell ran again): this one no longer refreshes"
 
-# as GpuMonitor's, styled here: the panel carries no style sheet of its own
-_SIMULATED_LABEL = '<span class="gpupool-simulated" style="background:#fd7;padding:1px 6px;border-radius:4px">simulated</span> '
+# GpuMonitor's label, styled here: the panel carries no style sheet of its own
+_SIMULATED_LABEL = f'<span class="gpupool-simulated" style="{SIMULATED_STYLE}">simulated</span> '
 _LOG_TAIL = 20_000  # characters of the log shown; the rest is one job.logs() away
 
 
@@ -79,7 +80,7 @@ def jobs_table(jobs: Iterable[Mapping[str, Any]], now: float | None = None) -> s
 
 def _when(start: float, now: float) -> str:
     """``06:14 UTC (in about 11.9 h)``: a time of day alone cannot tell today's from tomorrow's."""
-    return in_words(start, now, time_of_day).removeprefix("expected to start by ")
+    return time_and_span(start, now, time_of_day)
 
 
 def _error(text: str) -> str:

@@ -36,9 +36,9 @@ def pass_to_service(c: Config, name: str, *, kube: bool, environ: Mapping[str, s
     service = next(entry for entry in c.JupyterHub.services if entry.get("name") == name)
     settings = dict(c.ServiceSettings) if "ServiceSettings" in c else {}
     _check_service_settings(settings)
-    for name in PATH_SETTINGS:
-        if settings.get(name):
-            settings[name] = str(Path(str(settings[name])).resolve())
+    for setting in PATH_SETTINGS:
+        if settings.get(setting):
+            settings[setting] = str(Path(str(settings[setting])).resolve())
     profiles = _one_profiles_file(c, spawner_class, settings.get("profiles_file"), environ)
     c[spawner_class.__name__].profiles_file = profiles
     settings["profiles_file"] = profiles

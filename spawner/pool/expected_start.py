@@ -109,8 +109,14 @@ def in_words(start: float | None, now: float, clock: Callable[[float], str]) -> 
     renders a time of day (the caller's time zone)."""
     if start is None:
         return "no expected start yet (what holds it set no time limit)"
+    return f"expected to start by {time_and_span(start, now, clock)}"
+
+
+def time_and_span(start: float, now: float, clock: Callable[[float], str]) -> str:
+    """``14:05 UTC (in about 12 min)``: a time of day with how far off it is, which tells today's from
+    tomorrow's."""
     minutes = max(0.0, start - now) / 60
     if minutes < 1:
-        return f"expected to start by {clock(start)} (within a minute)"
+        return f"{clock(start)} (within a minute)"
     span = f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
-    return f"expected to start by {clock(start)} (in about {span})"
+    return f"{clock(start)} (in about {span})"

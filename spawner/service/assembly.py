@@ -25,7 +25,7 @@ from ..files.profiles_file import load_profiles
 from ..files.quotas_file import load_quotas
 from ..limits import this_host
 from ..pool.policies import policy_by_name
-from ..pool.profiles import Profile, fits_pool
+from ..pool.profiles import Profile
 from ..pool.quotas import default_policy, describe_quota
 from ..telemetry.activity import ActivityTracker
 from .api.app import create_app
@@ -139,9 +139,6 @@ def assemble(settings: ServiceSettings) -> Service:
         log.warning("%s", pool.note)
     log.info("pool from %s (%s): %d nodes", pool.source, pool.backend, len(pool.nodes))
     profiles = load_profiles(settings.profiles_file)
-    for profile in profiles:  # the spawn form says so too, but only once someone opens it
-        if (why := fits_pool(profile, pool.nodes)) is not None:
-            log.warning("profile %s can never start on this pool: %s", profile.slug, why)
     manager = lease_manager(settings, pool, profiles)
     jobs = JobManager(
         manager,
@@ -156,6 +153,9 @@ def assemble(settings: ServiceSettings) -> Service:
     if kube is None:  # local jobs: say whether their CPU and memory limits hold here
         this_host().log(log)
     parts = service_parts(settings, pool, manager, jobs)
+    for slug, why in parts.never_fits.items():  # the spawn form says so too, but only once someone opens it
+        if why is not None:
+            log.warning("profile %s can never start on this pool: %s", slug, why)
     cluster = kube.follow(manager, parts.health) if kube is not None else None
     if cluster is not None:  # dcgm-exporter's readings reach the leases through their pods
         from .kube_pool import KubeSampler

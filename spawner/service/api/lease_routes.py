@@ -54,11 +54,11 @@ async def get_profiles(parts: PartsDep, caller: CallerDep) -> list[ProfileOut]:
     never_fits = parts.never_fits
     manager = parts.manager
     counts = manager.availability({p.slug: p.request() for p in usable if never_fits[p.slug] is None})
+    simulated = parts.backend == "simulated"
     rows = []
     for p in usable:
         now, queued = counts.get(p.slug, (0, 0))
         start = manager.expected_start_of_new(p.request()) if not now and not never_fits[p.slug] else None
-        simulated = parts.backend == "simulated"
         rows.append(ProfileOut.from_profile(p, now, queued, never_fits[p.slug], start, simulated=simulated))
     return rows
 
@@ -118,9 +118,9 @@ async def post_lease(
         raise HTTPException(status.HTTP_400_BAD_REQUEST, "user: name the user whose server the lease is for")
     groups = frozenset(body.groups or ())
     profile = find_profile(parts.profiles, body.profile)
-    if not profile.visible_to(
-        groups, body.admin or caller.uses_every_profile
-    ):  # the spawner vouches for both
+    # the spawner vouches for the user's groups and admin flag
+    admin = body.admin or caller.uses_every_profile
+    if not profile.visible_to(groups, admin):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
             f"profile: only members of {' or '.join(sorted(profile.groups))} may use {profile.slug}",

@@ -181,8 +181,9 @@ def heat_map(
                 said = heat_label(
                     f"{label} on {node['name']}", util, [holders.get(h, h) for h in device["holders"]], health
                 )
-                cells.append(  # "out": drained or unhealthy, outlined whatever its colour
-                    f'<span class="hm{" out" if health else ""}" role="img" data-uuid="{_e(device["uuid"])}" title="{_e(said)}" '
+                out = " out" if health else ""  # drained or unhealthy: outlined whatever its colour
+                cells.append(
+                    f'<span class="hm{out}" role="img" data-uuid="{_e(device["uuid"])}" title="{_e(said)}" '
                     f'aria-label="{_e(said)}" style="background:{heat_colour(util)}">{_e(_pct(util))}</span>'
                 )
         rows.append(f"<tr><th>{_e(node['name'])}</th><td>{''.join(cells)}</td></tr>")
@@ -309,7 +310,8 @@ _CSS = (
     "vertical-align:middle}.m{color:#667;font-size:90%}.who{color:#225}.held .who{font-weight:bold}"
     ".bad{color:#b00;font-weight:bold}table{border-collapse:collapse}td,th{padding:2px 8px;text-align:left}"
     ".heat .hm{display:inline-block;min-width:3.2em;text-align:center;margin:1px;padding:4px 2px;"
-    "font-size:80%;border-radius:3px}.heat .hm.out{outline:2px dashed #b00}.idle{color:#a40}section{margin-bottom:1.2em}"
+    "font-size:80%;border-radius:3px}.heat .hm.out{outline:2px dashed #b00}.idle{color:#a40}"
+    "section{margin-bottom:1.2em}"
     "nav.hub{display:flex;gap:1.2em;align-items:center;background:#f3f4f6;margin:-1em -2em 0;padding:.5em 2em;"
     "border-bottom:1px solid #ddd}nav.hub .me{margin-left:auto;color:#667}"
     ".side{display:flex;flex-wrap:wrap;gap:2em;align-items:flex-start}.side>section{flex:1 1 28em}"
