@@ -45,7 +45,7 @@ c.JupyterHub.load_roles = up.roles([up.DEMO_USER] if settings.demo_login else []
 c.JupyterHub.template_paths = [str(up.templates())]  # the home page shows pending cull warnings
 
 # Spawners without system users: every server runs as the account that started the hub, with its home in
-# the state folder; started as root, as the unprivileged account gpupool up made, with homes in its home.
+# the state folder; started as root, each user's as an account of their own, made at their first start.
 # They reach the service directly, not through the proxy.
 c.JupyterHub.spawner_class = "gpupool-simple"  # SimpleLocalGPUSpawner
 c.SimpleLocalGPUSpawner.home_root = settings.homes or str(state / "homes")
@@ -56,15 +56,15 @@ c.Spawner.default_url = "/lab"
 # the progress page says its place in the queue meanwhile.
 c.Spawner.start_timeout = 600
 # The single-user server from the same environment as the hub, whether or not that environment is on PATH;
-# as root, from the environment the unprivileged account can run, which is first on its PATH too.
+# as root, from the environment every account can run, which is first on their PATH too.
 c.Spawner.cmd = [str(Path(settings.user_bin or Path(sys.executable).parent) / "jupyterhub-singleuser")]
-if settings.run_as and settings.user_bin:
-    c.SimpleLocalGPUSpawner.run_as = settings.run_as
+if settings.own_accounts and settings.user_bin:
+    c.SimpleLocalGPUSpawner.account_per_user = True
     c.Spawner.environment = {"PATH": up.user_path(settings.user_bin)}
 elif os.geteuid() == 0 and not settings.kubeconfig:
     raise RuntimeError(
-        "as root, start the embedded hub with `gpupool up`: it runs servers and jobs as an unprivileged "
-        "account (jupyterhub -f embedded.py would run them as root)"
+        "as root, start the embedded hub with `gpupool up`: it runs each user's servers and jobs as an "
+        "unprivileged account of their own (jupyterhub -f embedded.py would run them as root)"
     )
 
 # With --kubeconfig, servers are pods on that cluster, on the node and resources of their lease. Made for

@@ -36,10 +36,10 @@ from up_harness import (
 )
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
-from gpupool.spawner.hub.demo_account import DEMO_ACCOUNT
 from gpupool.spawner.hub.spawner import LocalGPUSpawner, SimpleLocalGPUSpawner
 from gpupool.spawner.hub.up import ENV, demo_password, embedded_config, prepare, spawner_token
 from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
+from gpupool.spawner.user_accounts import DEFAULT_HOMES, account_name
 from gpupool.widgets import Connection, submit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,31 +113,53 @@ def test_a_notebook_server_reaches_the_service_with_its_own_token(start: tuple[P
         up.stop()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="as root only: gpupool up then runs user code as gpupool-demo")
-def test_as_root_the_demo_users_server_and_first_job_run_as_gpupool_demo_in_one_home(
-    start: tuple[Path, int],
-) -> None:
-    """Finding 7 of the hostile-user review: under ``gpupool up`` as root every server ran as root
-    (``--allow-root``), and the demo user's first ``submit()`` was refused for want of a system account."""
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root only: gpupool up then makes an account for each user")
+def test_as_root_each_users_server_and_jobs_run_as_an_account_of_their_own(start: tuple[Path, int]) -> None:
+    """Finding 7 of the first hostile-user review: under ``gpupool up`` as root every server ran as root. Then
+    every user's code ran as one account, ``gpupool-demo``, and the second review's job read another user's
+    hub token from their server's ``/proc/<pid>/environ`` and their files, and acted as them. Now each user
+    runs as ``gp-<name>``, and another user's job is refused both."""
     tmp, port = start
     up = start_up(tmp, tmp / "state", port, extra_config(tmp))
     try:
         with contextlib.closing(demo_hub_api(up)) as hub:
-            account = pwd.getpwnam(DEMO_ACCOUNT)
-            pid = int(start_demo_server(up, hub)["state"]["pid"])
-            assert _uids(pid) == {account.pw_uid}
+            pid = int(start_demo_server(up, hub)["state"]["pid"])  # the account is made at the first start
+            demo = pwd.getpwnam(account_name("demo"))
+            assert _uids(pid) == {demo.pw_uid}
             assert b"--allow-root" not in Path(f"/proc/{pid}/cmdline").read_bytes()
             environ = environ_of(pid)
-            home = environ["HOME"]
-            assert home == f"{account.pw_dir}/demo"
-            assert f"run as the system account {DEMO_ACCOUNT}" in up.log.read_text()  # the log names it
+            home = Path(environ["HOME"])
+            assert (home, home.stat().st_uid, home.stat().st_mode & 0o777) == (
+                Path(DEFAULT_HOMES, "demo"),
+                demo.pw_uid,
+                0o700,
+            )
+            assert (Path(DEFAULT_HOMES).stat().st_uid, Path(DEFAULT_HOMES).stat().st_mode & 0o777) == (
+                0,
+                0o711,
+            )
+            assert "run as a system account of their own" in up.log.read_text()  # the log says so
+            (home / "secret.txt").write_text("demo's")
 
             # the first submit() from the notebook: `python` is the notebook's, the job's home is the notebook's
             code = "import os, gpupool.widgets; print(os.getuid(), os.getcwd())"
             job = submit(["python", "-c", code], "cpu", connection=Connection(environ=environ))
             assert job.wait(timeout=60, poll=0.2) == "succeeded", job.model()
-            assert job.logs().split() == [str(account.pw_uid), home]
-            assert (Path(home) / ".gpupool" / "jobs" / job.id / "output.log").is_file()
+            assert job.logs().split() == [str(demo.pw_uid), str(home)]
+            assert (home / ".gpupool" / "jobs" / job.id / "output.log").is_file()
+
+            # another user's job reaches neither the demo server's token nor the demo user's files
+            assert hub.post("/users/mallory").status_code == 201
+            made = hub.post("/users/mallory/tokens", json={"scopes": ["access:services!service=gpupool"]})
+            assert made.status_code == 201, made.text
+            mallory = Connection(f"{up.url}/services/gpupool/", made.json()["token"])
+            peek = f"cat /proc/{pid}/environ; cat {home}/secret.txt; ls {home}; id -u"
+            job = submit(["sh", "-c", peek], "cpu", connection=mallory)
+            assert job.wait(timeout=60, poll=0.2) == "succeeded", job.model()  # `id -u` ends it
+            log = job.logs()
+            assert "JUPYTERHUB_API_TOKEN" not in log and "demo's" not in log, log
+            assert log.count("Permission denied") == 3, log
+            assert log.split()[-1] == str(pwd.getpwnam(account_name("mallory")).pw_uid)
             assert hub.delete("/users/demo/server").status_code in (202, 204)
     finally:
         up.stop()

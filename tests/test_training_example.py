@@ -2,8 +2,8 @@
 
 A researcher's first day: they log in with the printed demo password, get a CPU server, upload
 ``examples/train_with_checkpoints.py`` as ``train.py`` and run the README's cell in JupyterLab. The job must
-find the notebook's ``python`` and NumPy (as root the servers and jobs run as ``gpupool-demo`` with a Python
-that account can run), run in the notebook's home, and leave its log and checkpoints where JupyterLab's file
+find the notebook's ``python`` and NumPy (as root the servers and jobs run as the user's own ``gp-<name>`` with
+a Python every account can run), run in the notebook's home, and leave its log and checkpoints where JupyterLab's file
 browser opens them, ``~/.gpupool/jobs/<id>/``: before, a hidden folder the server refused to list. The file
 browser on that folder is saved as ``training-example-files.png`` under ``test-artifacts/``.
 """

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from . import install_files
-from .demo_account import Account
 from .install_files import Layout
 from .user_environment import build_environment
 
@@ -40,7 +39,7 @@ def install(layout: Layout, source: Path, *, simulated: bool, say: Callable[[str
     _require_root("install")
     if not (source / "pyproject.toml").is_file():
         raise InstallError(f"{source} is not a gpupool checkout (no pyproject.toml): run it from a clone")
-    build_environment(_unprivileged(), source, layout.env, say)
+    build_environment(source, layout.env, say)
     _install_proxy(layout, say)
     _ensure_group(USERS_GROUP, say)
     _write_config(layout, simulated, say)
@@ -92,15 +91,6 @@ def uninstall(layout: Layout, *, purge: bool, say: Callable[[str], None] = print
 def _require_root(what: str) -> None:
     if os.geteuid() != 0:
         raise InstallError(f"gpupool {what} writes to /opt, /etc and /var/lib: run it as root (sudo)")
-
-
-def _unprivileged() -> Account:
-    """The account the built environment is checked with: if ``nobody`` can run it, every user can."""
-    try:
-        entry = pwd.getpwnam("nobody")
-    except KeyError:
-        raise InstallError("this host has no 'nobody' account to check the environment with") from None
-    return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, "")
 
 
 def _install_proxy(layout: Layout, say: Callable[[str], None]) -> None:

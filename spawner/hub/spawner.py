@@ -35,6 +35,7 @@ from ..limits import Cgroup, HostCgroups, Limits, server_group, this_host
 from ..pool.environments import ENV_VAR
 from ..pool.environments import FIELD as ENVIRONMENT
 from ..system_groups import system_groups as groups_on_host
+from ..user_accounts import AccountError, UserAccount, ensure_user_account
 from . import form
 from .compat import SpawnException
 from .leasing import GpuLeasing
@@ -188,9 +189,10 @@ def _profile_from_formdata(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
 
 
 class SimpleLocalGPUSpawner(LocalGPUSpawner, SimpleLocalProcessSpawner):  # type: ignore[misc]  # untyped base
-    """:class:`LocalGPUSpawner` without system users: every server runs as one account (the hub's, or
-    ``run_as``), in a home directory ``home_root/<username>``. For the embedded single-machine hub and tests,
-    not for shared hosts."""
+    """:class:`LocalGPUSpawner` without system users: each server runs in a home directory
+    ``home_root/<username>``, as the hub's account, as ``run_as``, or (as root) as an account gpupool makes for
+    each user (``account_per_user``). For the embedded hub and tests; a host whose users have system accounts
+    wants :class:`LocalGPUSpawner`."""
 
     @default("system_groups")
     def _default_system_groups(self) -> bool:
@@ -199,10 +201,40 @@ class SimpleLocalGPUSpawner(LocalGPUSpawner, SimpleLocalProcessSpawner):  # type
     run_as = Unicode(
         "",
         config=True,
-        help="""The system account every server runs as, e.g. ``"gpupool-demo"`` (what ``gpupool up`` sets when
-        started as root, so that no server runs as root); ``home_root`` must be that account's to write in.
-        Empty: the hub's own account.""",
+        help="""The system account every server runs as, e.g. ``"jupyter"``, so that no server runs as root;
+        ``home_root`` must be that account's to write in. Users who share one account can read each other's
+        files, processes and tokens: on a shared host use ``account_per_user``. Empty: the hub's own account.""",
     )
+
+    account_per_user = Bool(
+        False,
+        config=True,
+        help="""As root: run each user's server as a system account of their own, ``gp-<name>``, made at their
+        first start (no password, no login shell), in ``home_root/<name>``, which only that account may enter;
+        ``home_root`` itself is made root's (``0711``). What ``gpupool up`` sets when started as root; give the
+        service ``GPUPOOL_JOB_ACCOUNT_PER_USER=1`` so jobs run as the same accounts.""",
+    )
+
+    _account: UserAccount | None = None
+
+    async def start(self) -> Any:
+        """With ``account_per_user``, make the user's account and home first (as the service does for jobs)."""
+        if self.account_per_user:
+            if self.run_as:
+                raise SpawnException(
+                    "SimpleLocalGPUSpawner: set run_as or account_per_user, not both",
+                    reason="gpupool_config",
+                    status_code=500,
+                )
+            try:
+                self._account = await asyncio.to_thread(ensure_user_account, self.user.name, self.home_root)
+            except AccountError as error:
+                raise SpawnException(
+                    f"cannot start {self.user.name}'s server: {error}",
+                    reason="gpupool_account",
+                    status_code=500,
+                ) from None
+        return await super().start()
 
     home_root = Unicode(
         "/tmp/gpupool-homes",
@@ -216,10 +248,12 @@ class SimpleLocalGPUSpawner(LocalGPUSpawner, SimpleLocalProcessSpawner):  # type
         return os.path.join(self.home_root, "{username}")
 
     def preexec_as(self, name: str) -> Callable[[], None]:
-        """Become ``run_as`` (when set), then make the home, private, and enter it."""
-        if not self.run_as:
+        """Become the user's own account (``account_per_user``) or ``run_as`` when set, then make the home,
+        private, and enter it."""
+        account = self._account.name if self.account_per_user and self._account else self.run_as
+        if not account:
             return super().preexec_as(name)
-        become = set_user_setuid(self.run_as, chdir=False)
+        become = set_user_setuid(account, chdir=False)
         home = self.home_dir
 
         def preexec() -> None:

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import orphans
 from ..files.quotas_file import EXAMPLE_QUOTAS
@@ -68,9 +68,9 @@ class UpSettings:
     demo_login: bool = True
     proxy_command: str = CHP
     kubeconfig: str | None = None  # a cluster to spawn on with KubeGPUSpawner (e.g. ``gpupool kube up``'s)
-    # Started as root: the unprivileged account servers and jobs run as, the folder of the users' homes (its
-    # home) and the bin folder of a Python environment it can run (see demo_account, user_environment).
-    run_as: str | None = None
+    # Started as root: each user's servers and jobs run as an account of their own (see user_accounts), with
+    # homes in one folder of root's and Python from an environment every account can run (user_environment).
+    own_accounts: bool = False
     homes: str | None = None
     user_bin: str | None = None
 
@@ -176,8 +176,8 @@ def service_environment(settings: UpSettings) -> dict[str, str]:
         # the same account: the hub's own, or as root the unprivileged one, with its Python first on PATH
         "GPUPOOL_JOB_HOME_ROOT": settings.homes or str(settings.state / "homes"),
     }
-    if settings.run_as and settings.user_bin:
-        env |= {"GPUPOOL_JOB_ACCOUNT": settings.run_as, "PATH": user_path(settings.user_bin)}
+    if settings.own_accounts and settings.user_bin:
+        env |= {"GPUPOOL_JOB_ACCOUNT_PER_USER": "1", "PATH": user_path(settings.user_bin)}
     if settings.pool:
         env["GPUPOOL_POOL"] = settings.pool
     if settings.kubeconfig:
@@ -346,10 +346,11 @@ def _start_messages(settings: UpSettings, found: DiscoveredPool | None) -> list[
     else:
         messages = [*([f"gpupool: {found.note}"] if found.note else []), f"gpupool: {found.summary}"]
     messages.append(f"gpupool: state in {settings.state_dir}")
-    if settings.run_as:
+    if settings.own_accounts:
         messages.append(
-            f"gpupool: started as root, so every user's servers and jobs run as the system account "
-            f"{settings.run_as}, with homes in {settings.homes} and Python from {settings.user_bin}"
+            f"gpupool: started as root, so each user's servers and jobs run as a system account of their own "
+            f"(gp-<name>, made at their first start), with homes in {settings.homes} and Python from "
+            f"{settings.user_bin}"
         )
     messages.append(
         f"Log in at {settings.public_url} as {DEMO_USER} with password {demo_password(Path(settings.state_dir))}"
@@ -359,20 +360,18 @@ def _start_messages(settings: UpSettings, found: DiscoveredPool | None) -> list[
     return messages
 
 
-def _unprivileged_account() -> dict[str, str]:
-    """As root: the account user code runs as (made when missing) and an environment it can run (built when
-    missing), as :class:`UpSettings` fields."""
-    from .demo_account import AccountError, ensure_account
+def _unprivileged_account() -> dict[str, Any]:
+    """As root: the folder of the users' homes (root's) and an environment every account can run (built when
+    missing), as :class:`UpSettings` fields; the users' accounts are made at their first start."""
+    from ..user_accounts import DEFAULT_HOMES, AccountError, prepare_homes
     from .user_environment import UserEnvironmentError, ensure_user_environment
 
     try:
-        account, made = ensure_account()
-        if made:
-            print(f"gpupool: made the system account {account.name} (uid {account.uid})", flush=True)
-        environment = ensure_user_environment(account, PROJECT_ROOT, say=lambda line: print(line, flush=True))
+        prepare_homes(DEFAULT_HOMES)
+        environment = ensure_user_environment(PROJECT_ROOT, say=lambda line: print(line, flush=True))
     except (AccountError, UserEnvironmentError) as error:
         raise UpError(str(error)) from None
-    return {"run_as": account.name, "homes": account.homes, "user_bin": str(environment.bin)}
+    return {"own_accounts": True, "homes": DEFAULT_HOMES, "user_bin": str(environment.bin)}
 
 
 def embedded_config() -> Path:

@@ -1,9 +1,9 @@
-"""A Python environment another account can run: the demo hub's servers and jobs when it is started as root.
+"""A Python environment every account can run: the demo hub's servers and jobs when it is started as root.
 
-A server that runs as ``gpupool-demo`` must execute a Python with JupyterHub, JupyterLab and gpupool's widgets.
-The environment ``gpupool up`` runs from is often out of that account's reach: a venv inside a private folder
-(``/root``, a ``mktemp -d`` checkout) or on top of root's pyenv. Then one is built in a root-owned folder that
-every account can read, ``/opt/gpupool-demo/env``, from a system Python the account can run, with this hub's
+A server that runs as a user's own account (``gp-<name>``) must execute a Python with JupyterHub, JupyterLab and
+gpupool's widgets. The environment ``gpupool up`` runs from is often out of such an account's reach: a venv
+inside a private folder (``/root``, a ``mktemp -d`` checkout) or on top of root's pyenv. Then one is built in a root-owned folder that
+every account can read, ``/opt/gpupool-demo/env``, from a system Python every account can run, with this hub's
 versions of JupyterHub, JupyterLab and ipywidgets and with gpupool from this checkout. It is built once (pip,
 from the package index), and only gpupool is reinstalled when the checkout changes.
 """
@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from .demo_account import Account
-
 # Not below /opt/gpupool, which is `gpupool install`'s: uninstalling that must neither remove the demo's
 # environment nor refuse because a demo hub runs from it.
 DEMO_ENV = Path("/opt/gpupool-demo/env")
@@ -36,44 +34,43 @@ PINNED = ("jupyterhub", "jupyterlab", "ipywidgets")
 # What a build of gpupool reads from the checkout (pyproject's package-dir and readme).
 SOURCE_PARTS = ("pyproject.toml", "README.md", "spawner", "widgets", "hub_config")
 STAMP = ".gpupool-build.json"
-# What a server and a job import, checked as the account once the environment is built.
+# What a server and a job import, checked once the environment is built as an account that owns nothing and
+# belongs to no group (nobody's ids): what it can run, every user's account can.
 SMOKE_IMPORTS = "import jupyterhub.singleuser, jupyterlab, ipykernel, gpupool.widgets"
+NOBODY = 65534
 
 
 class UserEnvironmentError(RuntimeError):
-    """No environment the account can run could be found or built; the message says why."""
+    """No environment every account can run could be found or built; the message says why."""
 
 
 @dataclass(frozen=True)
 class UserEnvironment:
-    """Where the account's ``python`` and ``jupyterhub-singleuser`` are."""
+    """Where the accounts' ``python`` and ``jupyterhub-singleuser`` are."""
 
     bin: Path
 
 
 def ensure_user_environment(
-    account: Account,
     source: Path,
     prefix: Path = DEMO_ENV,
     say: Callable[[str], None] = print,
 ) -> UserEnvironment:
-    """This environment when ``account`` can reach all of it; else the one at ``prefix``, built or brought up
+    """This environment when every account can reach all of it; else the one at ``prefix``, built or brought up
     to date first (saying so with ``say``, since a first build takes a while)."""
     if _reachable_by_everyone(_current_environment_paths()):
         return UserEnvironment(Path(sys.executable).parent)
     if not (source / "pyproject.toml").is_file():
         raise UserEnvironmentError(
-            f"{account.name} cannot run this Python ({sys.executable}), and there is no gpupool checkout to build "
+            f"other accounts cannot run this Python ({sys.executable}), and there is no gpupool checkout to build "
             f"an environment from: install gpupool where every account can run it"
         )
-    return build_environment(account, source, prefix, say)
+    return build_environment(source, prefix, say)
 
 
-def build_environment(
-    account: Account, source: Path, prefix: Path, say: Callable[[str], None] = print
-) -> UserEnvironment:
+def build_environment(source: Path, prefix: Path, say: Callable[[str], None] = print) -> UserEnvironment:
     """The environment at ``prefix`` with gpupool from the checkout ``source``: built, or brought up to date
-    first, then checked by importing what servers and jobs import as ``account``."""
+    first, then checked by importing what servers and jobs import as nobody."""
     wanted = {"source": _source_digest(source), "pins": _pins()}
     prefix.parent.mkdir(parents=True, exist_ok=True)
     prefix.parent.chmod(0o755)  # its folder (/opt/gpupool-demo): every account enters it, whatever the umask
@@ -85,13 +82,13 @@ def build_environment(
         if not python.exists() or built.get("pins") != wanted["pins"]:
             say(f"gpupool: building a Python environment every account can run, in {prefix} (once; pip)")
             shutil.rmtree(prefix, ignore_errors=True)
-            _run([_base_python(account), "-m", "venv", str(prefix)])
+            _run([_base_python(), "-m", "venv", str(prefix)])
             _run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
             _install_gpupool(python, source, with_dependencies=True)
         else:
             say(f"gpupool: updating gpupool in {prefix} from {source}")
             _install_gpupool(python, source, with_dependencies=False)
-        _check_as(account, [str(python), "-c", SMOKE_IMPORTS])
+        _check_as([str(python), "-c", SMOKE_IMPORTS])
         (prefix / STAMP).write_text(json.dumps(wanted))
     return UserEnvironment(python.parent)
 
@@ -149,8 +146,8 @@ def _install_gpupool(python: Path, source: Path, *, with_dependencies: bool) -> 
             _run([*install, "--no-deps", "--force-reinstall"])
 
 
-def _base_python(account: Account) -> str:
-    """A Python 3.11+ with ``venv`` that ``account`` can run: this one's base interpreter, else the system's."""
+def _base_python() -> str:
+    """A Python 3.11+ with ``venv`` that every account can run: this one's base interpreter, else the system's."""
     minor = f"python3.{sys.version_info.minor}"
     candidates = [
         os.path.realpath(getattr(sys, "_base_executable", sys.executable)),
@@ -161,30 +158,30 @@ def _base_python(account: Account) -> str:
     ]
     check = "import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 11))"
     for candidate in dict.fromkeys(candidates):
-        if os.path.exists(candidate) and _as(account, [candidate, "-c", check]).returncode == 0:
+        if os.path.exists(candidate) and _as([candidate, "-c", check]).returncode == 0:
             return candidate
     raise UserEnvironmentError(
-        f"no Python 3.11 or later with venv that {account.name} can run (tried {', '.join(candidates)}): "
+        f"no Python 3.11 or later with venv that every account can run (tried {', '.join(candidates)}): "
         "install one for every account (Debian: apt-get install python3-venv), or run gpupool up as an "
         "unprivileged user"
     )
 
 
-def _check_as(account: Account, command: list[str]) -> None:
-    result = _as(account, command)
+def _check_as(command: list[str]) -> None:
+    result = _as(command)
     if result.returncode != 0:
         raise UserEnvironmentError(
-            f"{account.name} cannot run the environment it was given: {result.stderr[-2000:]}"
+            f"an unprivileged account cannot run the environment it was given: {result.stderr[-2000:]}"
         )
 
 
-def _as(account: Account, command: list[str]) -> subprocess.CompletedProcess[str]:
-    """``command`` run as ``account``; a program it may not execute is a failure like any other."""
+def _as(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """``command`` run as nobody; a program it may not execute is a failure like any other."""
     try:
         return subprocess.run(
             command,
-            user=account.uid,
-            group=account.gid,
+            user=NOBODY,
+            group=NOBODY,
             extra_groups=[],
             cwd="/",
             env=_clean_env(),

@@ -35,6 +35,7 @@ from .api.context import ServiceParts
 from .api.idle_routes import fold_activity_forever
 from .jobs.job_manager import JobManager
 from .jobs.preemption_loop import Preemptor
+from .jobs.runner import LocalRunner
 from .leasing.culls import Culls
 from .leasing.health import HealthKeeper
 from .leasing.lease_manager import LeaseManager
@@ -146,9 +147,7 @@ def assemble(settings: ServiceSettings) -> Service:
         profiles,
         grace=settings.job_grace_seconds,
         max_queued=settings.max_queued_jobs,
-        home_root=settings.job_home_root or None,
-        account=settings.job_account or None,
-        job_runner=kube_job_runner(kube, settings) if kube is not None else None,
+        job_runner=kube_job_runner(kube, settings) if kube is not None else local_job_runner(settings),
     )
     if kube is None:  # local jobs: say whether their CPU and memory limits hold here
         this_host().log(log)
@@ -223,6 +222,12 @@ def service_parts(
         public_metrics=settings.metrics_public,
         login=login,
         host_usage=HostUsage(this_host()) if pool.backend != "kubernetes" else None,
+    )
+
+
+def local_job_runner(settings: ServiceSettings) -> LocalRunner:
+    return LocalRunner(
+        settings.job_home_root or None, settings.job_account or None, settings.job_account_per_user
     )
 
 

@@ -133,8 +133,15 @@ class ServiceSettings(Application):
     job_account = Unicode(
         "",
         help="When the service runs as root: one unprivileged system account that runs every user's jobs, in "
-        "<job_home_root>/<user> (gpupool up sets it to gpupool-demo). Empty: each user's own system account.",
+        "<job_home_root>/<user>. Users who share an account can read each other's files and tokens. Empty: "
+        "each user's own system account.",
     ).tag(config=True, env="GPUPOOL_JOB_ACCOUNT")
+    job_account_per_user = Bool(
+        False,
+        help="When the service runs as root and the hub's users have no system accounts: run each user's jobs as "
+        "an account gpupool makes for them (gp-<name>, no password or login shell) in <job_home_root>/<user>, "
+        "as the hub's SimpleLocalGPUSpawner.account_per_user does for servers (gpupool up as root sets both).",
+    ).tag(config=True, env="GPUPOOL_JOB_ACCOUNT_PER_USER")
     system_groups = Bool(
         False,
         help="Count a user's groups on this host (e.g. gpu-users in /etc/group) with their JupyterHub groups "

@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ...pool.job_states import Job, JobState
 from ...pool.preemption import PREEMPTED
 from ...pool.profiles import find_profile
+from ...user_accounts import AccountError
 from ..jobs.job_manager import JobManager
-from ..jobs.processes import NoSystemAccount
 from ..jobs.submission import InvalidJob, Submission, SubmissionConflict, TooManyQueuedJobs
 from ..store.job_store import JobNotFound
 from .auth import Caller
@@ -224,7 +224,7 @@ def add_job_error_handlers(app: FastAPI) -> None:
         return problem(exc.code, exc.error, exc.detail, [exc.field] if exc.field else [])
 
     app.add_exception_handler(InvalidJob, invalid)
-    app.add_exception_handler(NoSystemAccount, no_account)
+    app.add_exception_handler(AccountError, no_account)
     app.add_exception_handler(TooManyQueuedJobs, capped)
     app.add_exception_handler(SubmissionConflict, conflict)
     app.add_exception_handler(JobNotFound, not_found)

@@ -32,6 +32,7 @@ from ...pool.job_states import DRAINED_BY, Job, JobState, StopRequest, priority_
 from ...pool.leases import Lease, LeaseState, new_lease_id
 from ...pool.profiles import Profile, find_profile
 from ...pool.quotas import QuotaExceeded
+from ...user_accounts import AccountError
 from ..leasing.lease_manager import LeaseManager, NeverFits
 from ..store.job_store import JobNotFound, JobStore
 from . import processes
@@ -79,7 +80,7 @@ class JobManager:
         self, user: str, groups: Iterable[str], ask: Submission, *, is_admin: bool = False
     ) -> tuple[Job, bool]:
         """The job (queued, with a granted or queued lease) and whether it is new: a ``submission_id`` already
-        used by ``user`` returns that job instead. Raises :class:`InvalidJob`, :class:`NoSystemAccount`,
+        used by ``user`` returns that job instead. Raises :class:`InvalidJob`, :class:`AccountError`,
         :class:`TooManyQueuedJobs`, :class:`SubmissionConflict`, QuotaExceeded, NeverFits or UnknownProfile."""
         groups = frozenset(groups)
         with self._lock:
@@ -255,7 +256,7 @@ class JobManager:
         attempt = job.attempts + 1
         try:
             identity = self.identity(job.user)
-        except processes.NoSystemAccount as error:
+        except AccountError as error:
             self._release(job, "job could not start")
             self.store.save(job.to(JobState.FAILED, now, str(error)))
             return

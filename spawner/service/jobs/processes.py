@@ -3,8 +3,9 @@ a restart, signal it, and read what it left (exit status, log).
 
 Identity. "Runs as the user, never as root": when the service runs as root, a job runs as its user's system
 account (``pwd``), with that account's groups, and a user without one (or whose account is root) is refused
-with :class:`NoSystemAccount`. Given one ``account`` (``gpupool up`` as root), every user's jobs run as that
-unprivileged account instead, in ``home_root/<user>``, as the embedded hub's servers do. When the service is
+with :class:`NoSystemAccount`. With ``account_per_user`` (``gpupool up`` as root) each user's jobs run as an
+account gpupool makes for them, in ``home_root/<user>``, as the embedded hub's servers do (see
+``user_accounts``); given one ``account``, every user's as that one instead. When the service is
 not root, jobs run as the service's own user, the simple single-machine mode that
 :class:`~...hub.spawner.SimpleLocalGPUSpawner` is for servers; homes are then ``home_root/<user>``.
 
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from ...device_env import device_env
 from ...limits import Cgroup
+from ...user_accounts import DEFAULT_HOMES, AccountError, ensure_user_account, make_private_home
 
 JOBS_SUBDIR = ".gpupool/jobs"
 LOG_NAME = "output.log"
@@ -66,8 +68,9 @@ START_FAILURES = {
 }
 
 
-class NoSystemAccount(LookupError):
-    """The service runs as root and the user has no system account to run a job as (or it is root's)."""
+class NoSystemAccount(AccountError):
+    """The service runs as root and the user has no system account to run a job as (or it is root's); its
+    base, :class:`AccountError`, also covers an account or home gpupool could not make."""
 
 
 @dataclass(frozen=True)
@@ -83,10 +86,17 @@ class Identity:
 
 
 def identity_for(
-    user: str, *, home_root: str | None = None, account: str | None = None, euid: int | None = None
+    user: str,
+    *,
+    home_root: str | None = None,
+    account: str | None = None,
+    account_per_user: bool = False,
+    euid: int | None = None,
 ) -> Identity:
     """The identity a job of ``user`` runs with, by the rule in the module docstring."""
     euid = os.geteuid() if euid is None else euid
+    if euid == 0 and account_per_user:
+        return _own_account_identity(user, home_root)
     if euid == 0 and account:
         return _shared_account_identity(user, account, home_root)
     if euid != 0:
@@ -127,14 +137,22 @@ def _shared_account_identity(user: str, account: str, home_root: str | None) -> 
     return Identity(user, home, entry.pw_uid, entry.pw_gid, kept_home=True)
 
 
+def _own_account_identity(user: str, home_root: str | None) -> Identity:
+    """``user``'s jobs as the account gpupool keeps for them (made now if need be), in their home."""
+    own = ensure_user_account(user, home_root or DEFAULT_HOMES)
+    return Identity(user, own.home, own.uid, own.gid, kept_home=True)
+
+
 def make_home(identity: Identity) -> None:
-    """Create a home gpupool keeps if it is missing: private (0700), and its owner's when it has a uid. A
-    system account's home is the system's to make."""
-    if not identity.kept_home or os.path.isdir(identity.home):
+    """Create a home gpupool keeps if it is missing: private (0700), and its owner's when it has a uid (set
+    through the folder, never a path a link could redirect). A system account's home is the system's."""
+    if not identity.kept_home:
         return
-    os.makedirs(identity.home, 0o700, exist_ok=True)
-    if identity.uid is not None and os.geteuid() == 0:
-        os.chown(identity.home, identity.uid, identity.gid if identity.gid is not None else -1)
+    if identity.uid is None or os.geteuid() != 0:
+        os.makedirs(identity.home, 0o700, exist_ok=True)
+        return
+    os.makedirs(os.path.dirname(identity.home), exist_ok=True)
+    make_private_home(identity.home, identity.uid, identity.gid if identity.gid is not None else -1)
 
 
 def job_dir(identity: Identity, job_id: str) -> str:

@@ -25,6 +25,7 @@ from typing import Protocol
 from ...limits import Limits, job_group, this_host
 from ...pool.job_states import NEVER_STARTED, Job, JobState, StopRequest
 from ...pool.leases import Lease
+from ...user_accounts import AccountError
 from . import processes
 
 log = logging.getLogger(__name__)
@@ -125,19 +126,25 @@ class JobRunner(Protocol):
 
 class LocalRunner:
     """Jobs as process groups on this host, by :mod:`.processes`: as their user's account when the service is
-    root (or as the one ``account`` given), else as the service's user with homes under ``home_root``."""
+    root (an account gpupool keeps for each user with ``account_per_user``, or the one ``account`` given),
+    else as the service's user with homes under ``home_root``."""
 
     kind = "local"
     enforces_deadline = False
     host_paths = True
 
-    def __init__(self, home_root: str | None = None, account: str | None = None) -> None:
+    def __init__(
+        self, home_root: str | None = None, account: str | None = None, account_per_user: bool = False
+    ) -> None:
         self.home_root = home_root
         self.account = account
+        self.account_per_user = account_per_user
         self._processes: dict[str, subprocess.Popen[bytes]] = {}  # runs this process started, to reap
 
     def identity(self, user: str) -> processes.Identity:
-        identity = processes.identity_for(user, home_root=self.home_root, account=self.account)
+        identity = processes.identity_for(
+            user, home_root=self.home_root, account=self.account, account_per_user=self.account_per_user
+        )
         # A home gpupool keeps is made on first use, as a first server makes it: a user's first job may come
         # before their first server.
         processes.make_home(identity)
@@ -207,7 +214,7 @@ class LocalRunner:
             process.poll()  # reap our own children, so a finished leader is not left a zombie
 
     def _uid(self, user: str) -> int | None:
-        with contextlib.suppress(processes.NoSystemAccount):
+        with contextlib.suppress(AccountError):
             return self.identity(user).uid
         return None
 

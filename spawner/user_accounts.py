@@ -1,0 +1,162 @@
+"""A system account of its own for each hub user, when a hub without system users runs as root.
+
+``gpupool up``'s hub logs users in by a shared password: they have no accounts on the host. Run as root, it
+must not start their code as root, and it must not start everyone's code as one account either: processes of
+one uid read each other's environment (the hub token in ``/proc/<pid>/environ``), files and kernels, so any
+user could act as any other. So each hub user gets an account, ``gp-<name>``, made with ``useradd`` when their
+first server or job starts (no password, no login shell), and a private home ``<homes>/<name>`` that only that
+account may enter. The folder of the homes is root's: no user's code can rename a home or put a link in its
+place while root is preparing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+
+# Where gpupool up keeps the homes of a hub started as root (a folder of root's, one home in it per user).
+DEFAULT_HOMES = "/var/lib/gpupool-demo"
+PREFIX = "gp-"
+NAME_LIMIT = 32  # useradd's longest name
+# The hub user an account belongs to, in its comment field: a look-alike account made by someone else (or
+# another user's name that maps to the same account name) is refused, never run as.
+TAG = "gpupool user "
+# Where useradd and nologin are, whatever PATH the hub or the service was given (users' Python first).
+SYSTEM_PATH = "/usr/sbin:/sbin:/usr/bin:/bin"
+_SIMPLE = re.compile(r"[a-z][a-z0-9_-]*")
+
+
+class AccountError(RuntimeError):
+    """The account cannot be made or used; the message says what to do instead."""
+
+
+@dataclass(frozen=True)
+class UserAccount:
+    """The system account a hub user's servers and jobs run as, and their home."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+
+def account_name(user: str) -> str:
+    """``gp-<user>`` for a name useradd takes as it is; otherwise a readable part of it and a digest, so that
+    two hub users never share an account."""
+    if _SIMPLE.fullmatch(user) and len(PREFIX) + len(user) <= NAME_LIMIT:
+        return PREFIX + user
+    readable = re.sub(r"[^a-z0-9]+", "-", user.lower()).strip("-")[:16]
+    return f"{PREFIX}{readable}{'-' if readable else ''}{_digest(user)}"
+
+
+def ensure_user_account(user: str, homes: str) -> UserAccount:
+    """``user``'s account (made when missing) and its private home ``homes/<user>`` (made when missing,
+    its own, ``0700``), in a folder of homes that is root's (:func:`prepare_homes`)."""
+    home = os.path.join(homes, user)
+    if os.path.dirname(os.path.normpath(home)) != os.path.normpath(homes):
+        raise AccountError(f"a hub user name cannot be a path: {user!r}")
+    name = account_name(user)
+    prepare_homes(homes)
+    entry = _entry(name) or _useradd(name, user, home)
+    if entry.pw_gecos != TAG + _digest(user):
+        raise AccountError(
+            f"the system account {name} exists and was not made by gpupool for the hub user {user}: "
+            "remove or rename it, or rename the hub user"
+        )
+    if entry.pw_uid == 0:
+        raise AccountError(f"the account {name} is a root account (uid 0); user code never runs as root")
+    make_private_home(home, entry.pw_uid, entry.pw_gid)
+    return UserAccount(name, entry.pw_uid, entry.pw_gid, home)
+
+
+def prepare_homes(homes: str) -> None:
+    """The folder of the homes: made when missing, root's and ``0711`` (each account enters its own home, no
+    account lists or renames the others')."""
+    os.makedirs(homes, exist_ok=True)
+    if os.path.islink(homes):
+        raise AccountError(f"the folder of users' homes {homes} is a symbolic link; make it a folder")
+    os.chown(homes, 0, 0, follow_symlinks=False)
+    os.chmod(homes, 0o711)
+
+
+def make_private_home(home: str, uid: int, gid: int) -> None:
+    """``home`` as a folder owned by ``uid`` alone: made when missing, refused when something else stands
+    there. Ownership is set through the opened folder, never a path a link could redirect; a home kept by an
+    earlier version's shared account is handed over, contents and all."""
+    made = False
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(home, 0o700)
+        made = True
+    try:
+        descriptor = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as error:
+        raise AccountError(f"{home} is not a folder gpupool can use as a home ({error.strerror})") from None
+    try:
+        owner = os.fstat(descriptor).st_uid
+        if owner != uid and not made:
+            _hand_over(descriptor, home, owner, uid, gid)
+        os.fchown(descriptor, uid, gid)
+        os.fchmod(descriptor, 0o700)
+    finally:
+        os.close(descriptor)
+
+
+def _hand_over(descriptor: int, home: str, owner: int, uid: int, gid: int) -> None:
+    """Give what ``owner`` (a former shared account, never root) holds in the home to ``uid``; links are
+    changed themselves, never followed."""
+    if owner == 0:
+        raise AccountError(f"{home} belongs to root; gpupool does not hand a root folder to a user")
+    for root, folders, files in os.walk(f"/proc/self/fd/{descriptor}", followlinks=False):
+        for name in folders + files:
+            path = os.path.join(root, name)
+            if os.lstat(path).st_uid == owner:
+                os.chown(path, uid, gid, follow_symlinks=False)
+
+
+def _useradd(name: str, user: str, home: str) -> pwd.struct_passwd:
+    useradd = shutil.which("useradd", path=SYSTEM_PATH)
+    if useradd is None:
+        raise AccountError(
+            f"gpupool runs as root, so it runs {user}'s servers and jobs as a system account of their own, "
+            f"{name}, and useradd is not here to make it: run gpupool as an unprivileged user instead"
+        )
+    nologin = shutil.which("nologin", path=SYSTEM_PATH) or "/bin/false"
+    command = [
+        useradd,
+        "--system",
+        "--user-group",
+        "--no-create-home",
+        "--home-dir",
+        home,
+        "--shell",
+        nologin,
+    ]
+    for _attempt in range(20):  # another process (the hub or the service) may hold the passwd lock
+        result = subprocess.run(
+            [*command, "--comment", TAG + _digest(user), name], capture_output=True, text=True
+        )
+        entry = _entry(name)  # made now, or meanwhile by the other process
+        if entry is not None:
+            return entry
+        if "lock" not in result.stderr:
+            break
+        time.sleep(0.1)
+    raise AccountError(f"could not create the system account {name}: {result.stderr.strip()}")
+
+
+def _entry(name: str) -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        return None
+
+
+def _digest(user: str) -> str:
+    return hashlib.sha256(user.encode("utf-8", "surrogatepass")).hexdigest()[:10]
