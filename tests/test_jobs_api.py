@@ -157,6 +157,11 @@ def test_a_quota_refusal_says_which_limit(hub: Hub) -> None:
         ({"profile": "no-such-profile"}, "profile"),
         ({"max_runtime": 10**7}, "max_runtime"),
         ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "env.CUDA_VISIBLE_DEVICES"),
+        # a hostile-user trial: a NUL in working_dir was a 500 that dropped the connection, and a name with
+        # terminal escapes and line breaks reached the admin's `gpupool jobs` as they were
+        ({"working_dir": "/tmp/x\u0000y"}, "working_dir"),
+        ({"name": "\u202egnp.exe\u001b[31mred\r\nX-Inject: 1"}, "name"),
+        ({"name": "two\nlines"}, "name"),
     ],
 )
 def test_a_bad_submission_is_a_400_naming_the_field(hub: Hub, body: dict[str, Any], field: str) -> None:
@@ -164,6 +169,24 @@ def test_a_bad_submission_is_a_400_naming_the_field(hub: Hub, body: dict[str, An
         response = me.post("/jobs", json={"command": ["true"], "profile": "cpu"} | body)
     assert response.status_code == 400, response.text
     assert response.json()["fields"] == [field] and field in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ('"command": ["true", "\\ud800"]', "command.1"),
+        ('"command": ["true"], "env": {"A": "\\udfff"}', "env.A"),
+    ],
+)
+def test_an_unpaired_surrogate_is_a_400_naming_the_field_not_a_500(hub: Hub, raw: str, field: str) -> None:
+    """JSON may spell a lone surrogate (``\\ud800``), which has no UTF-8: it was a 500 that dropped the
+    connection, and the next request on it got the proxy's 503."""
+    with hub.as_user("me") as me:
+        body = '{"profile": "cpu", ' + raw + "}"
+        response = me.post("/jobs", content=body, headers={"Content-Type": "application/json"})
+        assert response.status_code == 400, response.text
+        assert response.json()["fields"] == [field] and "unpaired surrogate" in response.json()["detail"]
+        assert me.get("/jobs").status_code == 200  # the same connection still answers
 
 
 def test_a_body_sent_in_chunks_meets_the_same_size_limit_as_one_with_a_length(hub: Hub) -> None:

@@ -26,6 +26,8 @@ from .processes import Identity, find_executable
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RESERVED = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+# control characters, and the marks that reverse or isolate the direction of what follows
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _PYTHON = re.compile(r"python[0-9.]*")
 MAX_ARGS = 1024
 MAX_ARG_BYTES = 128 * 1024  # Linux's MAX_ARG_STRLEN: a longer argument fails only at execve (E2BIG)
@@ -111,8 +113,7 @@ def check_submission(
     the paths are in the job's container (see the module docstring)."""
     if not command or not command[0]:
         raise InvalidJob("command", 'must be a non-empty list of arguments, e.g. ["python", "train.py"]')
-    if any("\0" in arg for arg in command):
-        raise InvalidJob("command", "arguments may not contain NUL characters")
+    _check_text(command, env, working_dir, name)
     _check_sizes(command, env)
     checked_env = _check_env(env)
     try:
@@ -227,16 +228,41 @@ def _check_sizes(command: Sequence[str], env: Mapping[str, str]) -> None:
 
 
 def _check_env(env: Mapping[str, str]) -> dict[str, str]:
-    for key, value in env.items():
+    for key in env:
         if not _ENV_NAME.fullmatch(key):
             raise InvalidJob(
                 f"env.{key}", "a variable name is letters, digits and '_', not starting with a digit"
             )
         if key in _RESERVED or key.startswith("GPUPOOL_"):
             raise InvalidJob(f"env.{key}", "gpupool sets this from the job's lease; leave it out")
-        if "\0" in value:
-            raise InvalidJob(f"env.{key}", "values may not contain NUL characters")
     return dict(env)
+
+
+def _check_text(
+    command: Sequence[str], env: Mapping[str, str], working_dir: str | None, name: str | None
+) -> None:
+    """Text the service passes to ``execve``, stores and prints back: no NUL (``execve`` ends a string there),
+    no unpaired surrogate (it has no UTF-8), and a name of one line without control or direction characters
+    (it is printed in other people's terminals: ``gpupool jobs`` for an admin)."""
+    texts = [
+        *((f"command.{index}", arg) for index, arg in enumerate(command)),
+        *((f"env.{key}", value) for key, value in env.items()),
+        ("working_dir", working_dir or ""),
+        ("name", name or ""),
+    ]
+    for field, text in texts:
+        if "\0" in text:
+            raise InvalidJob(field, "may not contain NUL characters")
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            raise InvalidJob(
+                field, "holds an unpaired surrogate (\\ud800 to \\udfff), which is not text"
+            ) from None
+    if name and (control := _CONTROLS.search(name)):
+        raise InvalidJob(
+            "name", f"one line of text without control or direction characters; it holds {control.group()!r}"
+        )
 
 
 def new_job(
