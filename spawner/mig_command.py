@@ -40,7 +40,9 @@ def add_mig_advise(mig_commands: Any) -> None:
         help="without --trace: the gpupool service (default: $GPUPOOL_SERVICE_URL, else --state-dir's)",
     )
     advise.add_argument(
-        "--token", help="without --trace: an admin's JupyterHub API token (default: $JUPYTERHUB_API_TOKEN)"
+        "--token",
+        help="without --trace: an admin's JupyterHub API token (default: $JUPYTERHUB_API_TOKEN, which, "
+        "unlike a command line, other accounts cannot read in ps)",
     )
     advise.add_argument(
         "--state-dir", metavar="DIR", help=f"without --trace: gpupool up's state folder (default {UP_STATE})"

@@ -24,7 +24,9 @@ def add_pool_command(commands: Any) -> None:
     pool.add_argument("--pool", metavar="FILE", help="a pool file (simulated backend), never the live pool")
     pool.add_argument("--url", help="the gpupool service (default: $GPUPOOL_SERVICE_URL, else --state-dir's)")
     pool.add_argument(
-        "--token", help="a JupyterHub API token (default: $JUPYTERHUB_API_TOKEN, else --state-dir's)"
+        "--token",
+        help="a JupyterHub API token (default: $JUPYTERHUB_API_TOKEN, which, unlike a command line, other "
+        "accounts cannot read in ps; else --state-dir's)",
     )
     pool.add_argument(
         "--state-dir", default=UP_STATE, metavar="DIR", help=f"gpupool up's state folder (default {UP_STATE})"

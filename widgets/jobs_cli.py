@@ -68,7 +68,11 @@ def connection_options(parser: argparse.ArgumentParser, whose: str = "of yours")
     """``--url``, ``--token`` and ``--state-dir``, for a command that calls the service (the first two default
     to the environment, then to the service and token of the ``gpupool up`` that keeps its state there)."""
     parser.add_argument("--url", help=f"the service, e.g. {EXAMPLE_URL} (default: $GPUPOOL_SERVICE_URL)")
-    parser.add_argument("--token", help=f"a JupyterHub API token {whose} (default: $JUPYTERHUB_API_TOKEN)")
+    parser.add_argument(
+        "--token",
+        help=f"a JupyterHub API token {whose} (default: $JUPYTERHUB_API_TOKEN, which, unlike a command "
+        "line, other accounts cannot read in ps)",
+    )
     parser.add_argument(
         "--state-dir",
         default=UP_STATE,
