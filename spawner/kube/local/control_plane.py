@@ -120,8 +120,12 @@ class ControlPlane:
     # ---- components ----------------------------------------------------------------------------------------
 
     def _start_etcd(self) -> None:
+        """etcd over TLS that takes only clients with a certificate of the cluster's CA (the API server's):
+        over plain HTTP any account on the host could read and write every object, Secrets included."""
         client_port, peer_port = free_port(), free_port()
-        self.etcd_url = f"http://127.0.0.1:{client_port}"
+        self.etcd_url = f"https://127.0.0.1:{client_port}"
+        serving = self.pki.issue("etcd", "etcd", server_names=("127.0.0.1", "localhost"))
+        self.etcd_client = self.pki.issue("apiserver-etcd-client", "kube-apiserver-etcd-client")
         self._run(
             "etcd",
             [
@@ -130,7 +134,11 @@ class ControlPlane:
                 f"--data-dir={self.folder / 'etcd'}",
                 f"--listen-client-urls={self.etcd_url}",
                 f"--advertise-client-urls={self.etcd_url}",
-                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--cert-file={serving.cert}",
+                f"--key-file={serving.key}",
+                "--client-cert-auth",
+                f"--trusted-ca-file={self.pki.ca.cert}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",  # one member: no peer ever connects
                 f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
                 f"--initial-cluster=local=http://127.0.0.1:{peer_port}",
                 "--unsafe-no-fsync",  # a throw-away cluster: nothing to keep across a power cut
@@ -138,8 +146,11 @@ class ControlPlane:
                 "--log-level=warn",
             ],
         )
+        tls = client_tls(self.pki.ca.cert, self.etcd_client)
         _wait(
-            lambda: httpx.get(f"{self.etcd_url}/health", timeout=2).json().get("health") == "true",
+            lambda: (
+                httpx.get(f"{self.etcd_url}/health", timeout=2, verify=tls).json().get("health") == "true"
+            ),
             "etcd",
             self,
         )
@@ -162,6 +173,9 @@ class ControlPlane:
         command = [
             str(self.programs.kube_apiserver),
             f"--etcd-servers={self.etcd_url}",
+            f"--etcd-cafile={self.pki.ca.cert}",
+            f"--etcd-certfile={self.etcd_client.cert}",
+            f"--etcd-keyfile={self.etcd_client.key}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
             f"--secure-port={port}",

@@ -1,0 +1,53 @@
+"""The local control plane (``gpupool kube up``, and the tests' own) keeps its store to itself: a hostile-user
+trial read every key of another session's cluster (``/registry/…``, 272 of them, Secrets among them) from a
+job, over etcd's plain HTTP on loopback, which made any account on the host the cluster's admin."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+from pathlib import Path
+
+import httpx
+import pytest
+from kube_cluster import LocalKube
+
+from gpupool.spawner.kube.local.pki import client_tls
+from gpupool.spawner.service.kube_pool import load_kube_pool
+
+REGISTRY = {
+    "key": base64.b64encode(b"/registry/").decode(),
+    "range_end": base64.b64encode(b"/registry0").decode(),
+}
+
+
+def test_etcd_answers_only_a_client_with_a_certificate_of_the_clusters_ca(kube: LocalKube) -> None:
+    url = kube.plane.etcd_url
+    assert url.startswith("https://127.0.0.1:")
+    ranged = {**REGISTRY, "count_only": True}
+    with pytest.raises(httpx.TransportError):  # plain HTTP: etcd closes the connection unanswered
+        httpx.post(url.replace("https://", "http://") + "/v3/kv/range", json=ranged, timeout=5)
+    with pytest.raises(httpx.TransportError):  # TLS without a client certificate: refused in the handshake
+        httpx.post(
+            f"{url}/v3/kv/range",
+            json=ranged,
+            verify=ssl.create_default_context(cafile=str(kube.plane.pki.ca.cert)),
+            timeout=5,
+        )
+    # the API server's own certificate still reads it (what the cluster itself runs on)
+    tls = client_tls(kube.plane.pki.ca.cert, kube.plane.etcd_client)
+    answer = httpx.post(f"{url}/v3/kv/range", json=ranged, verify=tls, timeout=5)
+    assert answer.status_code == 200 and int(answer.json()["count"]) > 0
+
+
+def test_a_kubeconfig_without_rights_stops_the_service_naming_who_may_not_list_what(
+    kube: LocalKube, tmp_path: Path
+) -> None:
+    """A Kubernetes trial's kubeconfig for a user without rights stopped the service with "cannot read the
+    cluster's nodes (KeyError: 'resourceVersion')", and said the same of nodes when only pods were refused."""
+    nobody = kube.plane.kubeconfig_for(f"nobody-{tmp_path.name}", "nobody")
+    with pytest.raises(SystemExit) as stopped:
+        load_kube_pool(str(nobody))
+    message = str(stopped.value)
+    assert "403" in message and 'User "nobody" cannot list resource' in message, message
+    assert "KeyError" not in message
