@@ -71,6 +71,10 @@ class Mirror:
         """Replace everything held with a fresh list; ``on_change`` hears every object before and after."""
         response = await self._list(**self._query, _preload_content=False)
         body = json.loads(await response.read())
+        if response.status >= 400:  # unparsed, an error is no exception: say the cluster's own sentence
+            raise ApiException(
+                status=response.status, reason=f"cannot list {self.kind}: {body.get('message') or body}"
+            )
         before = self.objects
         self.objects = {self._key(item): item for item in body.get("items") or []}
         self._version = str(body["metadata"]["resourceVersion"])

@@ -26,6 +26,7 @@ Settings (:mod:`.settings`): ``kube_namespace``, ``kube_shared_resource``, ``kub
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..kube import dcgm
 from ..kube.job_manifests import JobSettings, home_claim_name
@@ -263,6 +265,15 @@ def load_kube_pool(
     try:
         return asyncio.run(snapshot())
     except Exception as error:  # any failure to reach or read the cluster stops the service, saying so
-        raise SystemExit(
-            f"gpupool service: cannot read the cluster's nodes ({type(error).__name__}: {error})"
-        ) from None
+        raise SystemExit(f"gpupool service: cannot read the cluster: {_reason(error)}") from None
+
+
+def _reason(error: Exception) -> str:
+    """An API error's status and the cluster's own sentence (who may not do what); anything else by type."""
+    if isinstance(error, ApiException):
+        try:
+            message = json.loads(error.body or "{}").get("message")
+        except (ValueError, AttributeError):
+            message = None
+        return f"{error.status} {message or error.reason}"
+    return f"{type(error).__name__}: {error}"
