@@ -131,7 +131,7 @@ def test_a_lease_without_a_kubernetes_placement_is_a_configuration_error() -> No
         (
             "Scheduled",
             "Successfully assigned jhub/jupyter-alice to dgx-h100-01",
-            "placed on node dgx-h100-01",
+            "placed on node dgx-h100-01, the node of its gpupool lease",  # a CPU-only one has no GPUs to lease
         ),
         (
             "FailedScheduling",

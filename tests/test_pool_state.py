@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from builders import gpu, node
 
+from gpupool.spawner.backends.simulated import DEMO_POOL, load_pool_file
 from gpupool.spawner.pool.devices import GpuMode, Health
 from gpupool.spawner.pool.policies import POLICIES, UnknownPolicy, policy_by_name
 from gpupool.spawner.pool.requests import GpuShare, InvalidRequest, MigSlice, Request, WholeGpus
@@ -264,3 +265,13 @@ def test_inventory_shows_drained_nodes_and_failed_gpus() -> None:
     assert description["nodes"][0]["health"] == "drained"
     assert description["nodes"][1]["gpus"][3]["health"] == "unhealthy"
     assert description["summary"]["unhealthy"] == ["a", "b/gpu3"]
+
+
+def test_cpu_only_servers_go_to_the_node_without_gpus_while_it_has_room() -> None:
+    """A Kubernetes trial's CPU-only servers all landed on the A100 node beside an empty CPU node; on the demo
+    pool, on the DGX: FGD's gradient ties for work that takes no GPU, and the tie went to the node's rank."""
+    state = PoolState(load_pool_file(DEMO_POOL), "gpupool")
+    request = Request(gpu=None, cpu_milli=4000, memory_mib=16384)
+    nodes = [place(state, request, f"user{i}").node for i in range(9)]
+    assert nodes[:8] == ["cpu-01"] * 8  # its 32 cores, 4 a server
+    assert nodes[8] != "cpu-01"  # then a GPU node: what fits runs

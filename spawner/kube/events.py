@@ -20,7 +20,7 @@ def plain_event(reason: str, message: str) -> str:
     if reason == "Scheduled":
         found = _ASSIGNED.search(message)
         node = found.group("node") if found else "its node"
-        return f"Your server's pod was placed on node {node}, where gpupool leased its GPUs"
+        return f"Your server's pod was placed on node {node}, the node of its gpupool lease"
     if reason == "FailedScheduling":
         short = sorted({m.group("resource") for m in _INSUFFICIENT.finditer(message)})
         if short:

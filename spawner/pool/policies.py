@@ -355,6 +355,8 @@ class GpuPool(FragmentAware):
 
     def score(self, node: NodeState, request: Request, options: list[Option]) -> tuple[Score, Option]:
         score, option = super().score(node, request, options)
+        if request.gpu is None:  # CPU-only work: of equal gradients, a node without GPUs (the trace has none)
+            return (score[0], int(not node.gpus)), option
         return score[:1], option  # nodes compare by the gradient alone
 
     def rate(self, node: NodeState, request: Request, option: Option, change: float) -> Score:
