@@ -78,6 +78,13 @@ if settings.kubeconfig:
     c.KubeGPUSpawner.image = up.KUBE_LOCAL_IMAGE
     c.KubeGPUSpawner.service_url = settings.service_url
     c.KubeGPUSpawner.service_api_token = up.spawner_token(state)
+    # Each user's home is a volume claim, claim-<user>, made at their first server, as Zero to JupyterHub's
+    # dynamic storage makes it; their training Jobs mount it. The local cluster gives each such claim a volume.
+    c.KubeGPUSpawner.storage_pvc_ensure = True
+    c.KubeGPUSpawner.storage_class = ""
+    c.KubeGPUSpawner.storage_capacity = "1Gi"
+    c.KubeGPUSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
+    c.KubeGPUSpawner.volume_mounts = [{"name": "home", "mountPath": "/home/jovyan"}]
     if os.geteuid() == 0:
         # the local cluster's simulated kubelet stands in for a container runtime and runs the pod's command as
         # its own user, root on a root-only dev box or CI; a real cluster runs it as the image's user

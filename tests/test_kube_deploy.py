@@ -58,7 +58,9 @@ def test_the_service_reads_the_cluster_and_writes_only_in_the_user_namespace() -
     role = docs["Role"]
     assert role["metadata"]["namespace"] == "users"
     granted = {(r, g) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-    assert granted == {("pods", ""), ("pods/log", ""), ("jobs", "batch")}
+    assert granted == {("pods", ""), ("pods/log", ""), ("jobs", "batch"), ("persistentvolumeclaims", "")}
+    claims = next(rule for rule in role["rules"] if rule["resources"] == ["persistentvolumeclaims"])
+    assert claims["verbs"] == ["get", "list", "watch"]  # whether a home exists; KubeSpawner makes them
     subject = {"kind": "ServiceAccount", "name": "gpupool", "namespace": "jhub"}
     assert docs["RoleBinding"]["subjects"] == docs["ClusterRoleBinding"]["subjects"] == [subject]
     assert docs["RoleBinding"]["metadata"]["namespace"] == "users"

@@ -10,6 +10,7 @@ its pod; with Kueue the Job starts suspended and the Job controller starts no po
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -31,6 +32,7 @@ from gpupool.spawner.pool.job_states import Job, JobState
 from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.service.assembly import assemble
 from gpupool.spawner.service.jobs.job_manager import JobManager
+from gpupool.spawner.service.jobs.runner import NoHome
 from gpupool.spawner.service.jobs.submission import InvalidJob, Submission
 from gpupool.spawner.service.kube_pool import load_kube_pool
 from gpupool.spawner.service.settings import ServiceSettings
@@ -169,6 +171,33 @@ def test_a_job_becomes_a_batch_job_on_its_leased_node_reads_its_pods_log_and_suc
         assert jobs.get(job.id).exit_code == 0
         assert jobs.leases.get(lease.id).state is LeaseState.RELEASED
         assert jobs.leases.pool.allocations == {}
+
+    service.run(scenario)
+
+
+def test_a_user_without_a_home_claim_is_told_to_start_a_server_before_the_job_is_queued(
+    kube: LocalKube, tmp_path: Path
+) -> None:
+    """A Kubernetes trial's job mounted a claim that did not exist: its pod waited unscheduled while gpupool
+    called the job running, until its deadline timed it out, having never run."""
+    service = Service(kube, tmp_path)
+    ask = Submission(profile="a100", command=["true"])
+
+    async def scenario(jobs: JobManager) -> None:
+        with pytest.raises(
+            NoHome, match=f"claim-carol in namespace {service.namespace}, and there is none yet"
+        ):
+            jobs.submit("carol", [], ask)
+        assert jobs.leases.pool.allocations == {}  # nothing held, nothing queued
+        home_claim(kube, service.namespace, "carol")
+
+        def submitted() -> Job | None:
+            with contextlib.suppress(NoHome):  # until the watch has seen the claim
+                return jobs.submit("carol", [], ask)[0]
+            return None
+
+        job = await eventually(submitted, "the job accepted once the claim exists")
+        await eventually(lambda: state(jobs, job) is JobState.SUCCEEDED, "the job to succeed")
 
     service.run(scenario)
 

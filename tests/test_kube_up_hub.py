@@ -58,6 +58,28 @@ def test_a_new_user_reaches_jupyterlab_in_a_pod_on_the_leased_node_with_the_leas
         assert seen["NVIDIA_VISIBLE_DEVICES"] in node_devices(h100)["nvidia.com/mig-3g.40gb"]
         assert seen["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
 
+        # the first server made the user's home claim, as Zero to JupyterHub's dynamic storage does, and the
+        # local cluster gave it a volume: a training job mounts it and runs (a trial's waited Pending forever)
+        claim = eventually(
+            lambda: _bound(kube.get("/api/v1/namespaces/default/persistentvolumeclaims/claim-demo")),
+            "claim-demo bound",
+        )
+        assert claim["spec"]["storageClassName"] == ""
+        job = httpx.post(
+            f"{up.url}/services/gpupool/api/v1/jobs",
+            json={"profile": "cpu", "command": ["python", "-c", "print('trained')"]},
+            headers=headers,
+            timeout=30,
+        )
+        assert job.status_code == 201, job.text
+        jobs_api = f"{up.url}/services/gpupool/api/v1/jobs/{job.json()['id']}"
+        eventually(
+            lambda: httpx.get(jobs_api, headers=headers, timeout=10).json()["state"] == "succeeded",
+            f"the job to succeed:\n{up.log_tail()}",
+            timeout_s=120,
+        )
+        assert httpx.get(f"{jobs_api}/logs", headers=headers, timeout=10).text.strip() == "trained"
+
         stopped = browser.delete("/hub/api/users/demo/server", headers=headers)
         assert stopped.status_code in (202, 204), stopped.text
         eventually(
@@ -97,3 +119,7 @@ def _pool_nodes() -> Any:
     from gpupool.spawner.backends.simulated import load_pool_file
 
     return load_pool_file(POOL)
+
+
+def _bound(claim: dict[str, Any] | None) -> dict[str, Any] | None:
+    return claim if claim and claim.get("status", {}).get("phase") == "Bound" else None

@@ -114,7 +114,8 @@ def cluster_role_binding(d: ServiceDeployment) -> JsonDict:
 
 
 def user_role(d: ServiceDeployment) -> JsonDict:
-    """In the user namespace only: the pods and Jobs that hold leases, and their logs."""
+    """In the user namespace only: the pods and Jobs that hold leases, their logs, and the users' home claims
+    (read only)."""
     verbs = ["create", "delete", "get", "list", "watch", "patch"]
     return {
         "apiVersion": RBAC_API,
@@ -124,6 +125,8 @@ def user_role(d: ServiceDeployment) -> JsonDict:
             {"apiGroups": [""], "resources": ["pods"], "verbs": verbs},
             {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
             {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": verbs},
+            # whether a user's home claim exists before a Job mounts it (KubeSpawner makes it)
+            {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "list", "watch"]},
         ],
     }
 

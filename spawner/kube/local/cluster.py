@@ -2,8 +2,8 @@
 
 :func:`main` is ``gpupool kube up``: it builds the programs if needed, starts everything, prints
 ``KUBECONFIG=<path>`` on a line of its own once every node is Ready, and stops everything on Ctrl-C or SIGTERM.
-:class:`Kubelet` is also what tests use to run nodes of their own beside the pool file's (one that goes
-silent, one with a device-plugin variant).
+:class:`Kubelet` (with volumes for users' home claims, :mod:`.volumes`) is also what tests use to run nodes
+of their own beside the pool file's (one that goes silent, one with a device-plugin variant).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from .kubelet import NodeAgent, Obj, PodAddresses, run_forever
 from .log_server import LogServer
 from .nodes import node_devices, node_object, node_resources
 from .pki import Authority, client_tls
+from .volumes import Provisioner
 
 
 class Kubelet:
@@ -41,9 +42,12 @@ class Kubelet:
         self.logs = LogServer(serving, self.pki.ca.cert)
         self.addresses = PodAddresses()
         self.agents: dict[str, NodeAgent] = {}
+        provisioner = self.pki.issue("local-volumes", "gpupool-local-volumes", ("system:masters",))
+        self.volumes = Provisioner(api_url, self.pki.ca.cert, provisioner, folder / "volumes")
 
     async def start(self) -> None:
         await self.logs.start(free_port())
+        await self.volumes.start()
 
     async def add(self, node: Node | Obj, resources: dict[str, str] | None = None) -> NodeAgent:
         """Register ``node`` (a pool node, or a Node object with ``resources``) and keep it Ready."""
@@ -70,6 +74,7 @@ class Kubelet:
 
     async def stop(self) -> None:
         await asyncio.gather(*(agent.stop() for agent in self.agents.values()))
+        await self.volumes.stop()
         await self.logs.stop()
 
 

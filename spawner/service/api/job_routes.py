@@ -20,6 +20,7 @@ from ...pool.preemption import PREEMPTED
 from ...pool.profiles import find_profile
 from ...user_accounts import AccountError
 from ..jobs.job_manager import JobManager
+from ..jobs.runner import NoHome
 from ..jobs.submission import InvalidJob, Submission, SubmissionConflict, TooManyQueuedJobs
 from ..store.job_store import JobNotFound
 from .auth import Caller
@@ -114,7 +115,7 @@ async def get_logs(
     if offset < 0:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, "offset: must be 0 or more")
     if not follow:
-        return Response(_read_all(jobs, job_id, offset), media_type="text/plain; charset=utf-8")
+        return Response(await _read_settled(jobs, job_id, offset), media_type="text/plain; charset=utf-8")
 
     async def still_accepted() -> bool:
         token = parts.auth.token_of(request, request.headers.get("authorization"))
@@ -157,6 +158,16 @@ async def delete_job(job_id: str, parts: PartsDep, caller: CallerDep) -> JobOut:
         await asyncio.sleep(0.05)
         job = jobs.get(job_id)
     return _out(jobs, job_id)
+
+
+async def _read_settled(jobs: JobManager, job_id: str, offset: int) -> bytes:
+    """The whole log from ``offset``; where the runner fetches logs in the background (Kubernetes), an empty
+    first answer is given its time to arrive (a finished job's log read once, later, came back empty)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + jobs.runner.log_lag_s
+    while not (body := _read_all(jobs, job_id, offset)) and loop.time() < deadline:
+        await asyncio.sleep(0.1)
+    return body
 
 
 def _read_all(jobs: JobManager, job_id: str, offset: int) -> bytes:
@@ -208,6 +219,8 @@ def add_job_error_handlers(app: FastAPI) -> None:
         return problem(400, "invalid_request", str(exc), [exc.field])
 
     async def no_account(_request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, NoHome):  # the user may fix it (a first server makes it), not an admin
+            return problem(409, "no_home", str(exc), [])
         return problem(403, "no_system_account", str(exc), [])
 
     async def capped(_request: Request, exc: Exception) -> JSONResponse:

@@ -48,7 +48,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from ...kube.job_manifests import MAIN_CONTAINER, JobSettings, job_name, training_job
+from ...kube.job_manifests import MAIN_CONTAINER, JobSettings, home_claim_name, job_name, training_job
 from ...kube.job_status import disrupted_pod, finished_condition, main_exit_code, owner_job, true_condition
 from ...kube.labels import SHARED_RESOURCE
 from ...kube.manifests import COMPONENT_LABEL, MANAGED_BY, JsonDict, ManifestError
@@ -58,7 +58,7 @@ from ...pool.devices import Node
 from ...pool.job_states import Job
 from ...pool.leases import Lease
 from .processes import Identity
-from .runner import Launched, LaunchError, Outcome
+from .runner import Launched, LaunchError, NoHome, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ class KubeJobRunner:
     kind = "kubernetes"
     enforces_deadline = True
     host_paths = False
+    log_lag_s = 3.0  # a read through the API server, started by the first read_log
 
     def __init__(
         self,
@@ -102,6 +103,7 @@ class KubeJobRunner:
         self._core: client.CoreV1Api | None = None
         self.jobs: Mirror | None = None
         self.pods: Mirror | None = None
+        self.claims: Mirror | None = None  # the namespace's volume claims: is a user's home there yet?
         self._tasks: set[asyncio.Task[None]] = set()
         self._creating: set[str] = set()  # Jobs whose create is in flight
         self._stopping: set[str] = set()  # stopped while their create was in flight: delete once created
@@ -129,13 +131,17 @@ class KubeJobRunner:
             "pods", self._core.list_namespaced_pod, namespace=namespace, label_selector=SELECTOR,
             on_change=self._remember_disruptions, retry_s=self.retry_s,
         )  # fmt: skip
-        await asyncio.gather(self.jobs.start(), self.pods.start())
+        self.claims = Mirror(
+            "persistentvolumeclaims", self._core.list_namespaced_persistent_volume_claim, namespace=namespace,
+            retry_s=self.retry_s,
+        )  # fmt: skip
+        await asyncio.gather(self.jobs.start(), self.pods.start(), self.claims.start())
 
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for mirror in (self.jobs, self.pods):
+        for mirror in (self.jobs, self.pods, self.claims):
             if mirror is not None:
                 await mirror.stop()
         self._loop = None
@@ -143,6 +149,16 @@ class KubeJobRunner:
     # ---- the runner interface ----------------------------------------------------------------------------
 
     def identity(self, user: str) -> Identity:
+        """The pod's user in ``user``'s home claim; :class:`NoHome` while that claim does not exist (a Job
+        mounting it would wait unscheduled until its deadline)."""
+        claim = home_claim_name(self.settings, user)
+        if self.claims is not None and self.claims.synced and claim not in self.claims.objects:
+            raise NoHome(
+                f"{user}'s jobs run in their home, the volume claim {claim} in namespace "
+                f"{self.settings.namespace}, and there is none yet: KubeSpawner makes it at the user's first "
+                "server when the hub keeps homes on volumes (Zero to JupyterHub's singleuser.storage). Start "
+                "a server once, then submit again"
+            )
         return Identity(user, self.settings.home_mount, self.settings.uid, self.settings.gid)
 
     def manifest(self, job: Job, lease: Lease) -> JsonDict:

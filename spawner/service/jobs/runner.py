@@ -78,6 +78,10 @@ class Outcome:
         return JobState.FAILED, f"{self.reason} (exit status {code})" if self.reason else _exit_words(code)
 
 
+class NoHome(AccountError):
+    """The user's jobs have no home to run in yet (on Kubernetes: their home volume claim does not exist)."""
+
+
 class JobRunner(Protocol):
     """What the job manager needs from a place jobs run in."""
 
@@ -89,9 +93,13 @@ class JobRunner(Protocol):
     host_paths: bool
     """True when a job's command and working directory are paths on this host, checked at submission; False
     when they are paths in a container the service cannot look into."""
+    log_lag_s: float
+    """How long a job's log may take to arrive after a first read: 0 when :meth:`read_log` reads it at once;
+    else it is fetched in the background and an empty answer may only mean "not yet"."""
 
     def identity(self, user: str) -> processes.Identity:
-        """Who ``user``'s jobs run as; :class:`~.processes.NoSystemAccount` when they cannot run at all."""
+        """Who ``user``'s jobs run as; :class:`AccountError` (:class:`~.processes.NoSystemAccount`,
+        :class:`NoHome`) when they cannot run at all."""
         ...
 
     def launch(self, job: Job, lease: Lease, identity: processes.Identity) -> Launched:
@@ -132,6 +140,7 @@ class LocalRunner:
     kind = "local"
     enforces_deadline = False
     host_paths = True
+    log_lag_s = 0.0
 
     def __init__(
         self, home_root: str | None = None, account: str | None = None, account_per_user: bool = False
