@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from builders import gpu, node
 
 from gpupool.spawner.backends.simulated import parse_pool
-from gpupool.spawner.pool.devices import GpuMode, Node
+from gpupool.spawner.pool.devices import GpuMode, Health, Node
 from gpupool.spawner.pool.leases import Lease, LeaseState
 from gpupool.spawner.pool.quotas import Quota, QuotaExceeded, QuotaPolicy
 from gpupool.spawner.pool.requests import GpuShare, MigSlice, Request, WholeGpus
@@ -84,7 +85,8 @@ def test_a_queued_lease_keeps_its_place_across_a_restart_and_is_granted_when_a_d
     carol, dave = ask(first, "carol", WHOLE), ask(first, "dave", WHOLE)
     assert (carol.state, carol.position, dave.position) == (LeaseState.QUEUED, 0, 1)
     assert first.waiting_message(dave.id) == (
-        "Waiting for a free H100-80GB: 1 ahead of you; no expected start yet (what holds it set no time limit)"
+        "Waiting for a free H100-80GB: 1 ahead of you; "
+        "no expected start yet (what it waits for has no time limit, or is drained or failed)"
     )
     first.store.close()
 
@@ -261,3 +263,22 @@ def test_all_leases_lists_every_user(tmp_path: Path) -> None:
     m.release(first.id)
     assert [lease.id for lease in m.all_leases()] == [first.id, second.id]
     assert [lease.id for lease in m.all_leases(active_only=True)] == [second.id]
+
+
+def test_a_wait_never_counts_on_devices_a_drain_keeps_out(tmp_path: Path) -> None:
+    """A Kubernetes trial drained the A100 node and asked for two A100s: "expected to start by 20:59 UTC (in
+    about 48.0 h)", the holder's time limit, though the drained GPUs would not come back when it ended."""
+    m = manager(tmp_path)
+    hour = Request(4000, 16384, WholeGpus(1, H100), seconds=3600)
+    holders = [ask(m, "alice", hour), ask(m, "bob", replace(hour, seconds=3 * 86400))]
+    waiting = ask(m, "carol", hour)
+    assert m.expected_start(waiting.id) == holders[0].granted_at + 3600
+    alices = next(g.index for g in m.pool.node("dgx").gpus if g.uuid == holders[0].devices[0].gpu_uuid)
+    m.set_health("dgx", Health.DRAINED, gpu_index=alices)  # it stays out when she releases it
+    assert m.expected_start(waiting.id) == holders[1].granted_at + 3 * 86400  # bob's, three days off
+    assert "(in about 3.0 days)" in (m.waiting_message(waiting.id) or "")
+    m.set_health("dgx", Health.DRAINED)
+    assert m.expected_start(waiting.id) is None
+    assert "no expected start yet (what it waits for has no time limit, or is drained or failed)" in (
+        m.waiting_message(waiting.id) or ""
+    )

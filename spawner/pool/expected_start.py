@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from .devices import FULL_MILLI
+from .leases import Lease
 from .requests import GpuNeed, GpuShare, MigSlice, Request, WholeGpus
 
 
@@ -32,6 +33,18 @@ class Holder:
     def expected_end(self) -> float | None:
         seconds = self.request.seconds
         return None if seconds is None else self.granted_at + seconds
+
+
+def returning_holders(
+    leases: Iterable[Lease], comes_back: Callable[[str | None, Iterable[str]], bool]
+) -> list[Holder]:
+    """The granted ``leases`` as holders, less those whose devices never return to the pool when released:
+    on a node or GPU drained or failed (``comes_back(node, gpu_uuids)`` False), however soon they end."""
+    return [
+        Holder(lease.request, lease.granted_at)
+        for lease in leases
+        if lease.granted_at is not None and comes_back(lease.node, [d.gpu_uuid for d in lease.devices])
+    ]
 
 
 def amount(need: GpuNeed | None) -> float:
@@ -108,7 +121,7 @@ def in_words(start: float | None, now: float, clock: Callable[[float], str]) -> 
     """``expected to start by 14:05 (in about 12 min)``; ``no expected start yet`` when unknown. ``clock``
     renders a time of day (the caller's time zone)."""
     if start is None:
-        return "no expected start yet (what holds it set no time limit)"
+        return "no expected start yet (what it waits for has no time limit, or is drained or failed)"
     return f"expected to start by {time_and_span(start, now, clock)}"
 
 
@@ -118,5 +131,8 @@ def time_and_span(start: float, now: float, clock: Callable[[float], str]) -> st
     minutes = max(0.0, start - now) / 60
     if minutes < 1:
         return f"{clock(start)} (within a minute)"
-    span = f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
+    hours = minutes / 60
+    span = (
+        f"{minutes:.0f} min" if minutes < 90 else f"{hours:.1f} h" if hours < 24 else f"{hours / 24:.1f} days"
+    )
     return f"{clock(start)} (in about {span})"

@@ -137,6 +137,15 @@ class PoolState:
     def node(self, name: str) -> NodeState:
         return self._by_name[name]
 
+    def comes_back(self, node: str | None, gpu_uuids: Iterable[str]) -> bool:
+        """Whether devices held on ``node`` return to the pool when released: a node or GPU drained, failed or
+        gone keeps them out (so no wait should count on them)."""
+        found = self._by_name.get(node or "")
+        if found is None:
+            return node is None
+        usable = {gpu.uuid for gpu, ok in zip(found.gpus, found.gpu_ok, strict=True) if ok}
+        return found.healthy and all(uuid in usable for uuid in gpu_uuids)
+
     # ---- placing and releasing ------------------------------------------------------------------------
 
     def candidates(self, request: Request) -> list[tuple[NodeState, list[Option]]]:

@@ -358,8 +358,7 @@ class LeaseManager:
         """The queue played forward: what of ``request``'s kind is free now, then the holders' time limits."""
         unit = estimate.unit_of(request)
         free = 0.0 if unit is None else count_fits(self._pool, unit, 64) * estimate.amount(unit.gpu)
-        active = self.store.active()
-        held = [estimate.Holder(g.request, g.granted_at) for g in active if g.granted_at is not None]
+        held = estimate.returning_holders(self.store.active(), self._pool.comes_back)
         return estimate.expected_start(request, ahead, held, self._clock(), competes, free)
 
     def _with_position(self, lease: Lease) -> Lease:
