@@ -74,7 +74,7 @@ if settings.kubeconfig:
     os.environ.setdefault("KUBECONFIG", settings.kubeconfig)  # gpupool up sets it; `jupyterhub -f` may not
     c.JupyterHub.spawner_class = "gpupool-kube"  # KubeGPUSpawner
     c.JupyterHub.hub_connect_ip = "127.0.0.1"
-    c.KubeGPUSpawner.namespace = up.KUBE_NAMESPACE
+    c.KubeGPUSpawner.namespace = settings.kube_namespace
     c.KubeGPUSpawner.image = up.KUBE_LOCAL_IMAGE
     c.KubeGPUSpawner.service_url = settings.service_url
     c.KubeGPUSpawner.service_api_token = up.spawner_token(state)

@@ -51,3 +51,12 @@ def test_a_kubeconfig_without_rights_stops_the_service_naming_who_may_not_list_w
     message = str(stopped.value)
     assert "403" in message and 'User "nobody" cannot list resource' in message, message
     assert "KeyError" not in message
+
+
+def test_a_namespace_the_cluster_lacks_stops_the_service_at_start(kube: LocalKube, tmp_path: Path) -> None:
+    """A Kubernetes trial's ``no-such-ns`` started the hub; each spawn then failed with a client's raw 404 dump."""
+    with pytest.raises(
+        SystemExit, match="the cluster has no namespace no-such-ns for servers and jobs: create it"
+    ):
+        load_kube_pool(str(kube.kubeconfig(tmp_path / "kubeconfig")), "no-such-ns")
+    assert load_kube_pool(str(kube.kubeconfig(tmp_path / "kubeconfig")), "default").nodes  # one that exists

@@ -17,6 +17,7 @@ from traitlets.config import Config
 from up_harness import demo_hub_api, free_port_family, require_proxy, start_demo_server, start_up
 
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES
+from gpupool.spawner.hub.up_checks import UpError, kubeconfig_namespace
 from gpupool.spawner.hub.up_service_config import pass_to_service
 from gpupool.spawner.service.settings import ServiceSettings
 
@@ -171,3 +172,35 @@ def test_gpupool_up_with_an_f_file_serves_its_profiles_under_its_policy(tmp_path
             assert hub.delete("/users/demo/server").status_code in (202, 204)
     finally:
         up.stop()
+
+
+def test_servers_and_jobs_share_the_namespace_an_f_file_gives_the_spawner(lab_profiles: Path) -> None:
+    """A Kubernetes trial's ``c.KubeGPUSpawner.namespace = "no-such-ns"`` moved the servers and not the jobs,
+    and the start-up line still said ``default``."""
+    c = hub_config(KubeGPUSpawner={"namespace": "team-a"})
+    pass_to_service(c, "gpupool", kube=True, environ={})
+    assert service_settings(c).kube_namespace == "team-a"
+    only_service = hub_config(ServiceSettings={"kube_namespace": "team-b"})
+    pass_to_service(only_service, "gpupool", kube=True, environ={})
+    assert only_service.KubeGPUSpawner.namespace == "team-b"
+    both = hub_config(KubeGPUSpawner={"namespace": "team-a"}, ServiceSettings={"kube_namespace": "team-b"})
+    with pytest.raises(
+        SystemExit, match=r"namespace \(team-a\) and c.ServiceSettings.kube_namespace \(team-b\)"
+    ):
+        pass_to_service(both, "gpupool", kube=True, environ={})
+
+
+def test_gpupool_up_takes_the_namespace_of_the_kubeconfigs_context(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "current-context: lab\n"
+        "contexts:\n"
+        "- {name: other, context: {cluster: c, user: u, namespace: elsewhere}}\n"
+        "- {name: lab, context: {cluster: c, user: u, namespace: jhub-users}}\n"
+    )
+    assert kubeconfig_namespace(str(kubeconfig)) == "jhub-users"
+    kubeconfig.write_text("current-context: lab\ncontexts:\n- {name: lab, context: {cluster: c, user: u}}\n")
+    assert kubeconfig_namespace(str(kubeconfig)) == "default"
+    kubeconfig.write_text("- not\n- a kubeconfig\n")
+    with pytest.raises(UpError, match="not a kubeconfig"):
+        kubeconfig_namespace(str(kubeconfig))

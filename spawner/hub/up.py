@@ -29,7 +29,7 @@ from ..files.quotas_file import EXAMPLE_QUOTAS
 from ..names import SERVICE_FILE, SERVICE_NAME, SERVICE_PREFIX
 from .compat import service_start_timeout
 from .up_checks import UpError as UpError  # the error gpupool up's callers catch
-from .up_checks import check_data_files, check_ports, check_request
+from .up_checks import check_data_files, check_ports, check_request, kubeconfig_namespace
 from .up_environment import UP_SETTINGS_ENV, cull_every_seconds, passed_on, user_path
 from .up_running import check_not_running
 
@@ -42,8 +42,9 @@ SPAWNER_CLIENT = "gpupool-hub"  # the token-only service whose token the spawner
 CULLER = "jupyterhub-idle-culler"
 DEMO_USER = "demo"
 CHP = "configurable-http-proxy"
-# With --kubeconfig: where the servers' pods go, and the image they name. On ``gpupool kube up``'s cluster the
-# image is never pulled: its simulated kubelet runs the pod's command from this environment.
+# With --kubeconfig: where the servers' pods go (unless the kubeconfig's context names a namespace), and the
+# image they name. On ``gpupool kube up``'s cluster the image is never pulled: its simulated kubelet runs the
+# pod's command from this environment.
 KUBE_NAMESPACE = "default"
 KUBE_LOCAL_IMAGE = "gpupool-singleuser:local"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the checkout, for an editable install
@@ -68,6 +69,7 @@ class UpSettings:
     demo_login: bool = True
     proxy_command: str = CHP
     kubeconfig: str | None = None  # a cluster to spawn on with KubeGPUSpawner (e.g. ``gpupool kube up``'s)
+    kube_namespace: str = KUBE_NAMESPACE  # its servers' and jobs' namespace: the kubeconfig context's
     # Started as root: each user's servers and jobs run as an account of their own (see user_accounts), with
     # homes in one folder of root's and Python from an environment every account can run (user_environment).
     own_accounts: bool = False
@@ -184,7 +186,7 @@ def service_environment(settings: UpSettings) -> dict[str, str]:
         env |= {
             "GPUPOOL_BACKEND": "kubernetes",
             "KUBECONFIG": settings.kubeconfig,
-            "GPUPOOL_KUBE_NAMESPACE": KUBE_NAMESPACE,
+            "GPUPOOL_KUBE_NAMESPACE": settings.kube_namespace,
             "GPUPOOL_KUBE_JOB_IMAGE": KUBE_LOCAL_IMAGE,
         }
     return env
@@ -325,6 +327,7 @@ def prepare(
         demo_login=demo_login,
         proxy_command=find_proxy(),
         kubeconfig=str(Path(kubeconfig).resolve()) if kubeconfig else None,
+        kube_namespace=kubeconfig_namespace(kubeconfig) if kubeconfig else KUBE_NAMESPACE,
         **(account or {}),
     )
     spawner_token(state)  # made now: with service.json, the gpupool commands run here find the live service
@@ -341,7 +344,7 @@ def _start_messages(settings: UpSettings, found: DiscoveredPool | None) -> list[
     if found is None:
         messages = [
             f"gpupool: pool from the Kubernetes cluster of {settings.kubeconfig}; servers are pods in namespace "
-            f"{KUBE_NAMESPACE} (KubeGPUSpawner)"
+            f"{settings.kube_namespace} (KubeGPUSpawner)"
         ]
     else:
         messages = [*([f"gpupool: {found.note}"] if found.note else []), f"gpupool: {found.summary}"]

@@ -8,6 +8,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+import yaml
+
 from ..files.quotas_file import EXAMPLE_QUOTAS
 
 
@@ -96,3 +98,13 @@ def require_real_pool(environ: Mapping[str, str] = os.environ) -> None:
         discover_pool(environ.get("GPUPOOL_POOL") or None, simulated_fallback=fallback)
     except (NoRealGpus, OSError, ValueError) as error:
         raise SystemExit(f"gpupool: {error}") from None
+
+
+def kubeconfig_namespace(kubeconfig: str) -> str:
+    """The namespace of the kubeconfig's current context, where kubectl works too; else ``default``."""
+    try:
+        config = yaml.safe_load(Path(kubeconfig).read_text()) or {}
+        contexts = {entry.get("name"): entry.get("context") or {} for entry in config.get("contexts") or []}
+        return str(contexts.get(config.get("current-context"), {}).get("namespace") or "default")
+    except (OSError, yaml.YAMLError, AttributeError, TypeError) as error:
+        raise UpError(f"--kubeconfig {kubeconfig}: not a kubeconfig ({error})") from None

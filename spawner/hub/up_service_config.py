@@ -39,10 +39,26 @@ def pass_to_service(c: Config, name: str, *, kube: bool, environ: Mapping[str, s
     for setting in PATH_SETTINGS:
         if settings.get(setting):
             settings[setting] = str(Path(str(settings[setting])).resolve())
+    if kube and (namespace := _one_namespace(c, settings.get("kube_namespace"))):
+        settings["kube_namespace"] = namespace  # one namespace for servers and jobs, whichever side set it
     profiles = _one_profiles_file(c, spawner_class, settings.get("profiles_file"), environ)
     c[spawner_class.__name__].profiles_file = profiles
     settings["profiles_file"] = profiles
     service["command"] = [*service["command"], *command_line(settings)]
+
+
+def _one_namespace(c: Config, service_side: str | None) -> str | None:
+    spawner_side = c.KubeGPUSpawner.get("namespace")  # gpupool up's: the kubeconfig context's, or an -f file's
+    if spawner_side is None:
+        if service_side:
+            c.KubeGPUSpawner.namespace = service_side
+        return service_side
+    if service_side and service_side != spawner_side:
+        raise SystemExit(
+            f"gpupool: c.KubeGPUSpawner.namespace ({spawner_side}) and c.ServiceSettings.kube_namespace "
+            f"({service_side}) differ: servers and jobs share one namespace; set the spawner's alone"
+        )
+    return str(spawner_side)
 
 
 def command_line(settings: Mapping[str, Any]) -> list[str]:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..kube import dcgm
@@ -246,6 +247,7 @@ def load_kube_pool(
     async def snapshot() -> KubeBackend:
         api = await connect(kubeconfig)
         try:
+            await _check_namespace(api, namespace)
             inventory = KubeInventory(api, shared_resource=shared)
             await inventory.list_all()
             kube_nodes = inventory.kube_nodes()
@@ -277,3 +279,19 @@ def _reason(error: Exception) -> str:
             message = None
         return f"{error.status} {message or error.reason}"
     return f"{type(error).__name__}: {error}"
+
+
+async def _check_namespace(api: Any, namespace: str) -> None:
+    """SystemExit when ``namespace`` does not exist: every server and Job there would fail with a 404 at its
+    first start. An account that may not read namespaces (the manifests' ServiceAccount) skips the check."""
+    try:
+        await client.CoreV1Api(api).read_namespace(namespace)
+    except ApiException as error:
+        if error.status == 404:
+            raise SystemExit(
+                f"gpupool service: the cluster has no namespace {namespace} for servers and jobs: create it "
+                f"(kubectl create namespace {namespace}) or name another (the kubeconfig context's namespace, "
+                "or c.KubeGPUSpawner.namespace)"
+            ) from None
+        if error.status != 403:
+            raise
