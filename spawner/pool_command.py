@@ -39,6 +39,7 @@ def show_pool(args: argparse.Namespace) -> int:
     from .client import GpupoolError
     from .client.connection import Connection
     from .inventory import render_pool
+    from .pool.expected_start import time_of_day
 
     description, holders = None, {}
     if args.pool is None:
@@ -48,6 +49,11 @@ def show_pool(args: argparse.Namespace) -> int:
             if not args.json:  # the JSON keeps lease ids; the text says whose they are
                 holders = _whose(connection.call("GET", "leases", params={"active_only": "true"}))
             heading = f"Live, from the gpupool service at {connection.base_url}"
+            if lost := description.get("unreachable_since"):
+                heading = (
+                    f"NOT LIVE: the cluster's API server has not answered the gpupool service at "
+                    f"{connection.base_url} since {time_of_day(float(lost))}; this is the pool as last seen"
+                )
         except GpupoolError as error:
             if args.url or args.token:  # asked for the service: its refusal is the answer
                 raise SystemExit(f"gpupool: {error}") from None

@@ -4,8 +4,12 @@ job, over etcd's plain HTTP on loopback, which made any account on the host the 
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import logging
 import ssl
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -13,6 +17,7 @@ import pytest
 from kube_cluster import LocalKube
 
 from gpupool.spawner.kube.local.pki import client_tls
+from gpupool.spawner.kube.node_watch import KubeInventory, connect
 from gpupool.spawner.service.kube_pool import load_kube_pool
 
 REGISTRY = {
@@ -60,3 +65,40 @@ def test_a_namespace_the_cluster_lacks_stops_the_service_at_start(kube: LocalKub
     ):
         load_kube_pool(str(kube.kubeconfig(tmp_path / "kubeconfig")), "no-such-ns")
     assert load_kube_pool(str(kube.kubeconfig(tmp_path / "kubeconfig")), "default").nodes  # one that exists
+
+
+def test_a_silent_api_server_is_said_once_and_known_until_it_answers_again(
+    kube: LocalKube, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Kubernetes trial stopped the cluster under a running service: ~200 "watch of pods lost" warnings in
+    85 s, and `gpupool pool` still said "Live" with every node healthy. The service now knows since when."""
+    caplog.set_level(logging.DEBUG, logger="gpupool.spawner.kube.mirror")
+
+    async def scenario() -> None:
+        api = await connect(str(kube.kubeconfig(tmp_path / "kubeconfig")))
+        inventory = KubeInventory(api, retry_s=0.2)
+        await inventory.start()
+        try:
+            assert inventory.unreachable_since is None
+            stopping = time.time()
+            await asyncio.to_thread(kube.plane.stop_apiserver)
+            await _until(lambda: inventory.unreachable_since is not None, 10)
+            assert stopping <= (inventory.unreachable_since or 0) <= time.time()
+            await asyncio.sleep(4)  # at 0.2 s a try, 40 warnings before
+            warned = [r for r in caplog.records if r.levelno >= logging.WARNING and "lost" in r.message]
+            assert len(warned) <= 2, [r.message for r in warned]  # once per watch (nodes, pods)
+            await asyncio.to_thread(kube.plane.start_apiserver)
+            await _until(lambda: inventory.unreachable_since is None, 60)
+            assert any("is back after" in r.message for r in caplog.records)
+        finally:
+            await inventory.stop()
+            await api.close()
+
+    asyncio.run(scenario())
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s"
+        await asyncio.sleep(0.1)

@@ -48,7 +48,9 @@ def pass_to_service(c: Config, name: str, *, kube: bool, environ: Mapping[str, s
 
 
 def _one_namespace(c: Config, service_side: str | None) -> str | None:
-    spawner_side = c.KubeGPUSpawner.get("namespace")  # gpupool up's: the kubeconfig context's, or an -f file's
+    spawner_side = c.KubeGPUSpawner.get(
+        "namespace"
+    )  # gpupool up's: the kubeconfig context's, or an -f file's
     if spawner_side is None:
         if service_side:
             c.KubeGPUSpawner.namespace = service_side

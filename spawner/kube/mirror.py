@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+MAX_RETRY_S = 15.0  # the longest wait between tries at a watch the API server does not answer
 
 
 class Mirror:
@@ -62,6 +64,9 @@ class Mirror:
         self._retry_s = retry_s
         self._version = ""
         self._task: asyncio.Task[None] | None = None
+        # When the API server stopped answering this watch (wall clock); None while it answers.
+        self.lost_since: float | None = None
+        self._failures = 0
 
     def remember(self, obj: Obj) -> None:
         """Hold ``obj`` (a create's answer) until the watch reports it or something newer."""
@@ -105,32 +110,49 @@ class Mirror:
                         timeout_seconds=self._watch_timeout_s,
                         allow_watch_bookmarks=True,
                     ):
+                        self._answered()
                         self._apply(event["type"], event["raw_object"])
                         if stream.resource_version:
                             self._version = str(stream.resource_version)
+                self._answered()
                 self.resumes += 1
                 log.debug("watch of %s ended; resuming from %s", self.kind, self._version)
             except ApiException as error:
                 if error.status == 410:
+                    self._answered()
                     self.relists += 1
                     log.info("watch of %s: version %s is gone; listing afresh", self.kind, self._version)
                     await self._relisted()
                 else:
-                    log.warning("watch of %s failed (%s %s); retrying", self.kind, error.status, error.reason)
-                    await asyncio.sleep(self._retry_s)
+                    await self._failed(f"{error.status} {error.reason}")
             except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
                 self.resumes += 1
-                log.warning("watch of %s lost (%s); resuming from %s", self.kind, error, self._version)
-                await asyncio.sleep(self._retry_s)
+                await self._failed(str(error) or type(error).__name__)
+
+    async def _failed(self, why: str) -> None:
+        """Note a failed watch: said once per outage (the next ones at debug level), retried ever less often
+        up to :data:`MAX_RETRY_S` (a stopped API server drew 200 warnings in 85 s)."""
+        if self.lost_since is None:
+            self.lost_since = time.time()
+            log.warning("watch of %s lost (%s); retrying until the API server answers", self.kind, why)
+        else:
+            log.debug("watch of %s still lost (%s)", self.kind, why)
+        self._failures += 1
+        await asyncio.sleep(min(self._retry_s * 2 ** min(self._failures - 1, 10), MAX_RETRY_S))
+
+    def _answered(self) -> None:
+        if self.lost_since is not None:
+            log.warning("watch of %s is back after %.0f s", self.kind, time.time() - self.lost_since)
+        self.lost_since, self._failures = None, 0
 
     async def _relisted(self) -> None:
         while True:
             try:
                 await self.relist()
+                self._answered()
                 return
             except (TimeoutError, ApiException, aiohttp.ClientError, ConnectionError) as error:
-                log.warning("listing %s failed (%s); retrying", self.kind, error)
-                await asyncio.sleep(self._retry_s)
+                await self._failed(f"listing: {error}")
 
     def _apply(self, event: str, obj: Obj) -> None:
         if event not in ("ADDED", "MODIFIED", "DELETED"):

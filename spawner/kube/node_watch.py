@@ -85,6 +85,12 @@ class KubeInventory:
         return self._pods.objects
 
     @property
+    def unreachable_since(self) -> float | None:
+        """Since when the API server has not answered the watches (wall clock); None while it answers."""
+        lost = [m.lost_since for m in (self._nodes, self._pods) if m.lost_since is not None]
+        return min(lost, default=None)
+
+    @property
     def relists(self) -> int:
         return self._nodes.relists + self._pods.relists
 

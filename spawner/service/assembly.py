@@ -156,9 +156,11 @@ def assemble(settings: ServiceSettings) -> Service:
         if why is not None:
             log.warning("profile %s can never start on this pool: %s", slug, why)
     cluster = kube.follow(manager, parts.health) if kube is not None else None
-    if cluster is not None:  # dcgm-exporter's readings reach the leases through their pods
+    if cluster is not None:
         from .kube_pool import KubeSampler
 
+        parts.unreachable_since = cluster.unreachable_since  # GET pool says when the cluster stopped answering
+        # dcgm-exporter's readings reach the leases through their pods
         sampler = parts.telemetry.sampler
         assert isinstance(sampler, KubeSampler)
         sampler.connect(lambda: manager.all_leases(active_only=True), cluster.pods)

@@ -135,6 +135,11 @@ class ClusterFollower:
         inventory = self.inventory
         return dict(inventory.pods) if inventory is not None else {}  # one C-level copy under the GIL
 
+    def unreachable_since(self) -> float | None:
+        """Since when the cluster's API server has not answered (None while it does, or before watching)."""
+        inventory = self.inventory
+        return inventory.unreachable_since if inventory is not None else None
+
     def health(self, name: str, problem: str | None) -> None:
         if name not in self._pooled:
             log.warning("node %s is not in the pool (it joined after start-up): %s", name, problem or "ready")

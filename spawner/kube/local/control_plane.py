@@ -97,7 +97,14 @@ class ControlPlane:
 
     def restart_apiserver(self) -> None:
         """Stop the API server and start it again on the same port (its clients' connections drop)."""
+        self.stop_apiserver()
+        self.start_apiserver()
+
+    def stop_apiserver(self) -> None:
         _terminate(self._processes.pop("kube-apiserver"))
+
+    def start_apiserver(self) -> None:
+        """Start the API server stopped by :meth:`stop_apiserver` again, on the same port, and wait for it."""
         self._run("kube-apiserver", self._commands["kube-apiserver"])
         self._wait_ready()
 

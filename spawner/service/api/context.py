@@ -53,6 +53,8 @@ class ServiceParts:
     login: "BrowserLogin | None" = None  # the pages' OAuth login; None: the pages take tokens only
     idle_after: float = 60.0  # the dashboard lists a held device as idle after this many seconds
     clock: Callable[[], float] = field(default=time.time)
+    # since when the pool's source (a cluster's API server) has not answered; None while it answers
+    unreachable_since: Callable[[], float | None] = field(default=lambda: None)
 
     @property
     def api_base(self) -> str:

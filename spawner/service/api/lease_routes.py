@@ -33,7 +33,8 @@ async def get_pool(parts: PartsDep, caller: CallerDep) -> dict[str, Any]:
     shown = str if caller.sees_everyone else _holders_shown_to(parts.manager, caller.name)
     # Users see which pool file, not where it lies on the service's host.
     source = parts.source if caller.sees_everyone else PurePath(parts.source).name
-    return parts.manager.inspect(lambda pool: describe_pool(pool, parts.backend, source, shown))
+    described = parts.manager.inspect(lambda pool: describe_pool(pool, parts.backend, source, shown))
+    return {**described, "unreachable_since": parts.unreachable_since()}  # a cluster that stopped answering
 
 
 def _holders_shown_to(manager: LeaseManager, user: str) -> Callable[[str], str]:
