@@ -381,3 +381,12 @@ def test_a_job_keeps_running_and_logging_across_a_service_restart(hub: Hub) -> N
         assert lines == [f"tick {i}" for i in range(ticks)]  # nothing lost while the service was down
         assert state_of(me, job["id"]) == "succeeded"
     go.unlink()
+
+
+def test_a_service_token_is_told_where_a_users_token_comes_from(hub: Hub) -> None:
+    """A Kubernetes trial ran `gpupool submit --state-dir …` (the spawners' service token) and read only "jobs
+    run as a user; submit with a user's token", with no word on where one comes from."""
+    with hub.as_user("admin") as service:
+        refused = service.post("/jobs", json={"command": ["true"], "profile": "cpu"})
+    assert refused.status_code == 403
+    assert "/hub/token" in refused.json()["detail"] and "JUPYTERHUB_API_TOKEN" in refused.json()["detail"]

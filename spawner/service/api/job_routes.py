@@ -56,7 +56,11 @@ def _visible(jobs: JobManager, caller: Caller, job_id: str) -> str:
 async def post_job(body: JobRequest, parts: PartsDep, caller: CallerDep, response: Response) -> JobOut:
     jobs = parts.jobs
     if caller.kind != "user":
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "jobs run as a user; submit with a user's token")
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            "jobs run as a user; submit with a user's token (in their notebook it is already set; else the "
+            "user makes one on the hub's token page, /hub/token, for JUPYTERHUB_API_TOKEN)",
+        )
     profile = find_profile(jobs.profiles, body.profile)
     if not profile.visible_to(caller.groups, caller.uses_every_profile):
         raise HTTPException(
