@@ -159,7 +159,9 @@ def assemble(settings: ServiceSettings) -> Service:
     if cluster is not None:
         from .kube_pool import KubeSampler
 
-        parts.unreachable_since = cluster.unreachable_since  # GET pool says when the cluster stopped answering
+        parts.unreachable_since = (
+            cluster.unreachable_since
+        )  # GET pool says when the cluster stopped answering
         # dcgm-exporter's readings reach the leases through their pods
         sampler = parts.telemetry.sampler
         assert isinstance(sampler, KubeSampler)
