@@ -11,10 +11,11 @@ import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from kube_cluster import LocalKube
+from kube_cluster import LocalKube, eventually
 
 from gpupool.spawner.kube.local.pki import client_tls
 from gpupool.spawner.kube.node_watch import KubeInventory, connect
@@ -102,3 +103,47 @@ async def _until(condition: Callable[[], bool], timeout_s: float) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"not within {timeout_s} s"
         await asyncio.sleep(0.1)
+
+
+def test_a_pod_whose_secret_is_missing_waits_for_it_and_then_runs(kube: LocalKube, tmp_path: Path) -> None:
+    """A Kubernetes trial applied the service's manifests before their Secrets: each pod Failed with a
+    StartError and its ReplicaSet made 68 more in 7 s. A kubelet keeps such a container waiting instead."""
+    namespace = kube.namespace("secret")
+    done = tmp_path / "ran"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "reads-a-secret", "namespace": namespace},
+        "spec": {
+            "restartPolicy": "Never",
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "example.org/app:1",
+                    "command": ["sh", "-c", f'echo "$DB" > {done}'],
+                    "env": [{"name": "DB", "valueFrom": {"secretKeyRef": {"name": "db", "key": "url"}}}],
+                }
+            ],
+        },
+    }
+    kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
+    path = f"/api/v1/namespaces/{namespace}/pods/reads-a-secret"
+
+    def waiting() -> dict[str, Any] | None:
+        status = (kube.get(path) or {}).get("status", {})
+        states = [c["state"] for c in status.get("containerStatuses", [])]
+        return status if states and "waiting" in states[0] else None
+
+    status = eventually(waiting, "the container waiting for its Secret")
+    assert status["phase"] == "Pending"
+    assert status["containerStatuses"][0]["state"]["waiting"] == {
+        "reason": "CreateContainerConfigError",
+        "message": 'secret "db" not found',
+    }
+    time.sleep(3)  # longer than the kubelet's retry: still waiting, not failed
+    assert (kube.get(path) or {})["status"]["phase"] == "Pending"
+    secret = {"metadata": {"name": "db"}, "data": {"url": base64.b64encode(b"postgres://db").decode()}}
+    kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret)
+    eventually(lambda: (kube.get(path) or {}).get("status", {}).get("phase") == "Succeeded", "the pod to run")
+    assert done.read_text().strip() == "postgres://db"

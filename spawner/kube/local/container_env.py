@@ -16,6 +16,13 @@ import httpx
 from .pod_processes import RunningPod
 
 Obj = dict[str, Any]
+
+
+class MissingReference(LookupError):
+    """A Secret or ConfigMap (or a key of one) the container needs is not there yet: a kubelet keeps the
+    container waiting (``CreateContainerConfigError``) and tries again, never failing the pod."""
+
+
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -60,7 +67,7 @@ async def _value_from(
             ref = source[key]
             data = await _read_data(api, kind, running.namespace, ref["name"], bool(ref.get("optional")))
             if ref["key"] not in data and not ref.get("optional"):
-                raise ValueError(f"{kind[:-1]} {ref['name']} has no key {ref['key']}")
+                raise MissingReference(f"couldn't find key {ref['key']} in {kind[:-1]} {ref['name']}")
             return str(data[ref["key"]]) if ref["key"] in data else None
     return None
 
@@ -88,6 +95,8 @@ async def _read_data(
     answer = await api.get(f"/api/v1/namespaces/{namespace}/{kind}/{name}")
     if answer.status_code == 404 and optional:
         return {}
+    if answer.status_code == 404:
+        raise MissingReference(f'{kind[:-1]} "{name}" not found')
     answer.raise_for_status()
     body = answer.json()
     if kind == "secrets":

@@ -45,7 +45,7 @@ from typing import Any
 import httpx
 
 from . import pod_processes
-from .container_env import container_environment, expand
+from .container_env import MissingReference, container_environment, expand
 from .device_plugin import NodeDevices
 from .log_server import LogServer
 from .pki import KeyPair, client_tls
@@ -58,6 +58,7 @@ Obj = dict[str, Any]
 LEASE_RENEW_S = 2.0
 STATUS_EVERY_S = 10.0
 _STRATEGIC = {"Content-Type": "application/strategic-merge-patch+json"}
+CONFIG_RETRY_S = 2.0  # how often a container waiting for a missing Secret or ConfigMap looks again
 
 
 def micro_now() -> str:
@@ -262,10 +263,21 @@ class NodeAgent:
         running.containers[name] = record
         self.logs.logs[(running.namespace, running.name, name)] = (record.log, asyncio.Event())
         try:
-            env = await self._environment(pod, container, running)
+            while True:  # a missing Secret or ConfigMap: waiting, as a kubelet does, until it is there
+                try:
+                    env = await self._environment(pod, container, running)
+                    break
+                except MissingReference as missing:
+                    if not record.waiting:
+                        record.waiting = str(missing)
+                        await self._report(running, pod)
+                    if running.deleting:
+                        raise
+                    await asyncio.sleep(CONFIG_RETRY_S)
+            record.waiting = ""
             argv = [expand(part, env) for part in [*container.get("command", []), *container.get("args", [])]]
             await pod_processes.spawn(record, argv, env, container.get("workingDir") or "", running)
-        except (OSError, ValueError, httpx.HTTPError) as error:
+        except (OSError, ValueError, LookupError, httpx.HTTPError) as error:
             pod_processes.failed_to_start(record, error)
 
     async def _environment(self, pod: Obj, container: Obj, running: RunningPod) -> dict[str, str]:

@@ -25,6 +25,7 @@ class Container:
     exit_code: int | None = None
     finished_at: str = ""
     failure: str = ""  # why it could not start
+    waiting: str = ""  # why it has not started yet (a Secret or ConfigMap it needs is missing)
 
 
 @dataclass

@@ -68,7 +68,7 @@ def pod_status(running: RunningPod, pod: Obj) -> Obj:
     if finished:
         phase = "Succeeded" if main and all(c.exit_code == 0 for c in main) else "Failed"
     else:
-        phase = "Running" if main else "Pending"
+        phase = "Running" if main and not any(c.waiting for c in main) else "Pending"
     ready = "True" if phase == "Running" else "False"
     stamp = now()
     images = {
@@ -98,8 +98,10 @@ def pod_status(running: RunningPod, pod: Obj) -> Obj:
 
 
 def _container_status(record: Container, image: str) -> Obj:
-    if record.exit_code is None:
-        state: Obj = {"running": {"startedAt": record.started_at}}
+    if record.waiting:
+        state: Obj = {"waiting": {"reason": "CreateContainerConfigError", "message": record.waiting}}
+    elif record.exit_code is None:
+        state = {"running": {"startedAt": record.started_at}}
     else:
         reason = "Completed" if record.exit_code == 0 else ("StartError" if record.failure else "Error")
         state = {
@@ -118,8 +120,8 @@ def _container_status(record: Container, image: str) -> Obj:
         "image": image,
         "imageID": SIMULATED_IMAGE_ID,
         "containerID": f"gpupool-process://{pid}",
-        "ready": record.exit_code is None,
-        "started": record.exit_code is None,
+        "ready": record.exit_code is None and not record.waiting,
+        "started": record.exit_code is None and not record.waiting,
         "restartCount": 0,
         "state": state,
     }
