@@ -41,7 +41,7 @@ def show_pool(args: argparse.Namespace) -> int:
     from .inventory import render_pool
     from .pool.expected_start import time_of_day
 
-    description, holders = None, {}
+    description, holders, not_live = None, {}, ""
     if args.pool is None:
         try:
             connection = Connection(args.url, args.token, state_dir=args.state_dir)
@@ -58,13 +58,11 @@ def show_pool(args: argparse.Namespace) -> int:
             if args.url or args.token:  # asked for the service: its refusal is the answer
                 raise SystemExit(f"gpupool: {error}") from None
             why = "no running gpupool service found" if error.status == 0 else str(error)
-            print(
-                f"gpupool: not the live pool ({why}): the devices as the service would find them",
-                file=sys.stderr,
-            )
+            not_live = f"not the live pool ({why}): the devices as the service would find them"
+            print(f"gpupool: {not_live}", file=sys.stderr)
     if description is None:
         description = _devices(args.pool)
-        heading = ""
+        heading = not_live.capitalize()  # on stdout too: a trial took the demo pool here for its cluster
     if args.json:
         print(json.dumps(description, indent=2))
     else:
