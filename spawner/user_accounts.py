@@ -17,6 +17,7 @@ import os
 import pwd
 import re
 import shutil
+import stat
 import subprocess
 import time
 from dataclasses import dataclass
@@ -48,12 +49,13 @@ class UserAccount:
 
 
 def account_name(user: str) -> str:
-    """``gp-<user>`` for a name useradd takes as it is; otherwise a readable part of it and a digest, so that
-    two hub users never share an account."""
+    """``gp-<user>`` for a name useradd takes as it is; otherwise a readable part of it and a digest after a
+    ``.``, which no such plain name holds: two hub users never map to one account, nor can one take the
+    other's first."""
     if _SIMPLE.fullmatch(user) and len(PREFIX) + len(user) <= NAME_LIMIT:
         return PREFIX + user
     readable = re.sub(r"[^a-z0-9]+", "-", user.lower()).strip("-")[:16]
-    return f"{PREFIX}{readable}{'-' if readable else ''}{_digest(user)}"
+    return f"{PREFIX}{readable}.{_digest(user)}"
 
 
 def ensure_user_account(user: str, homes: str) -> UserAccount:
@@ -109,15 +111,40 @@ def make_private_home(home: str, uid: int, gid: int) -> None:
 
 
 def _hand_over(descriptor: int, home: str, owner: int, uid: int, gid: int) -> None:
-    """Give what ``owner`` (a former shared account, never root) holds in the home to ``uid``; links are
-    changed themselves, never followed."""
+    """Give what ``owner`` (a former shared account, never root) holds in the home to ``uid``; symbolic links
+    are changed themselves, never followed, and a file with another name elsewhere (a hard link, which any
+    user of the shared account could make to another's file) stays as it is."""
     if owner == 0:
         raise AccountError(f"{home} belongs to root; gpupool does not hand a root folder to a user")
     for root, folders, files in os.walk(f"/proc/self/fd/{descriptor}", followlinks=False):
         for name in folders + files:
             path = os.path.join(root, name)
-            if os.lstat(path).st_uid == owner:
+            info = os.lstat(path)
+            # a file with another name elsewhere may be another user's, linked here under the shared account
+            linked = info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode)
+            if info.st_uid == owner and not linked:
                 os.chown(path, uid, gid, follow_symlinks=False)
+
+
+def retire_user_account(user: str, homes: str) -> str | None:
+    """When the hub deletes ``user``: their home moves to ``homes/.deleted/<user>-<time>`` (root's alone) and
+    their account is removed, so a new hub user of the same name starts with neither. What is left to an
+    administrator, in words (None when nothing is)."""
+    home, attic = os.path.join(homes, user), os.path.join(homes, ".deleted")
+    if os.path.isdir(home) and not os.path.islink(home):
+        os.makedirs(attic, 0o700, exist_ok=True)
+        os.chown(attic, 0, 0, follow_symlinks=False)
+        os.chmod(attic, 0o700)
+        os.rename(home, os.path.join(attic, f"{user}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"))
+    name = account_name(user)
+    entry = _entry(name)
+    if entry is None or entry.pw_gecos != TAG + _digest(user):
+        return None
+    userdel = shutil.which("userdel", path=SYSTEM_PATH) or "userdel"
+    result = subprocess.run([userdel, name], capture_output=True, text=True)
+    if result.returncode != 0:  # processes still run as it (a job): the home is gone, the account stays
+        return f"the account {name} stays: {result.stderr.strip()}"
+    return None
 
 
 def _useradd(name: str, user: str, home: str) -> pwd.struct_passwd:

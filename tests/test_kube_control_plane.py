@@ -40,6 +40,17 @@ def test_etcd_answers_only_a_client_with_a_certificate_of_the_clusters_ca(kube: 
             verify=ssl.create_default_context(cafile=str(kube.plane.pki.ca.cert)),
             timeout=5,
         )
+    # its peer port too: a second trial forged raft messages to it over plain HTTP and wrote keys
+    peer = kube.plane.etcd_peer_url
+    assert peer.startswith("https://127.0.0.1:")
+    with pytest.raises(httpx.TransportError):
+        httpx.get(peer.replace("https://", "http://") + "/members", timeout=5)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(
+            f"{peer}/members",
+            verify=ssl.create_default_context(cafile=str(kube.plane.pki.ca.cert)),
+            timeout=5,
+        )
     # the API server's own certificate still reads it (what the cluster itself runs on)
     tls = client_tls(kube.plane.pki.ca.cert, kube.plane.etcd_client)
     answer = httpx.post(f"{url}/v3/kv/range", json=ranged, verify=tls, timeout=5)

@@ -7,16 +7,26 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from builders import gpu, node
 
+from gpupool.spawner.pool.profiles import Profile
+from gpupool.spawner.service.jobs.job_manager import JobManager, Submission
+from gpupool.spawner.service.jobs.runner import LocalRunner
+from gpupool.spawner.service.jobs.submission import InvalidJob
+from gpupool.spawner.service.leasing.lease_manager import LeaseManager
+from gpupool.spawner.service.store.job_store import JobStore
+from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
 from gpupool.spawner.user_accounts import (
     AccountError,
     account_name,
     ensure_user_account,
     make_private_home,
     prepare_homes,
+    retire_user_account,
 )
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="as root only: the test makes system accounts")
@@ -30,6 +40,9 @@ def test_two_hub_users_never_share_an_account_and_names_stay_readable() -> None:
     assert len(set(names)) == len(names)
     assert all(len(name) <= 32 and name.startswith("gp-") for name in names)
     assert account_name("ada.lovelace@example.org").startswith("gp-ada-lovelace-")
+    # a second trial took "h2x.y"'s account first by logging in as the plain name it mapped to
+    taken = account_name("h2x.y")
+    assert account_name(taken.removeprefix("gp-")) != taken and "." in taken
 
 
 @as_root
@@ -91,10 +104,16 @@ def test_a_home_an_earlier_shared_account_kept_is_handed_over_without_following_
     (home / "link").symlink_to(roots)
     for path in (home, home / "notebooks", home / "notebooks" / "a.ipynb", home / "link"):
         os.chown(path, 4242, 4242, follow_symlinks=False)
+    others = tmp_path / "bob" / "notes.txt"  # another user's private file, hard-linked into ada's home
+    others.parent.mkdir()
+    others.write_text("bob's")
+    os.chown(others, 4242, 4242)
+    os.link(others, home / "innocent.txt")
     make_private_home(str(home), 4343, 4343)
     for path in (home, home / "notebooks", home / "notebooks" / "a.ipynb", home / "link"):
         assert path.lstat().st_uid == 4343, path
     assert roots.stat().st_uid == 0
+    assert others.stat().st_uid == 4242  # not handed to ada through its second name
 
 
 def _exists(name: str) -> bool:
@@ -103,3 +122,47 @@ def _exists(name: str) -> bool:
     except KeyError:
         return False
     return True
+
+
+@as_root
+def test_a_deleted_users_name_given_again_starts_with_nothing_of_theirs(tmp_path: Path) -> None:
+    """A second trial deleted a hub user; a newcomer let in under the same name read the old one's files."""
+    homes, user = str(tmp_path / "homes"), f"ua-gone-{WORKER}"
+    first = ensure_user_account(user, homes)
+    Path(first.home, "private.txt").write_text("the old user's")
+    assert retire_user_account(user, homes) is None
+    assert not _exists(first.name)
+    again = ensure_user_account(user, homes)
+    assert os.listdir(again.home) == []
+    attic = Path(homes, ".deleted")
+    assert (attic.stat().st_uid, attic.stat().st_mode & 0o777) == (0, 0o700)  # kept, for root alone
+    (kept,) = attic.iterdir()
+    assert (kept / "private.txt").read_text() == "the old user's"
+    retire_user_account(user, homes)
+
+
+@as_root
+def test_a_refused_job_makes_no_account(tmp_path: Path) -> None:
+    """A second trial's refused submissions (an empty command) each made a system account and a home first:
+    a cheap way to use up the host's system user ids."""
+    store = LeaseStore(sqlite_url(str(tmp_path / "gpupool.sqlite")))
+    leases = LeaseManager([node("box", [gpu("box", 0)])], store)
+    runner = LocalRunner(str(tmp_path / "homes"), account_per_user=True)
+    cpu = Profile("cpu", "CPU only", 1000, 1024, None, max_lifetime=600)
+    jobs = JobManager(leases, JobStore(store.engine), [cpu], job_runner=runner)
+    user = f"ua-refused-{WORKER}"
+    for bad in ([""], ["true", "\0"]):
+        with pytest.raises(InvalidJob):
+            jobs.submit(user, [], Submission(profile="cpu", command=bad))
+    assert not _exists(account_name(user)) and not (tmp_path / "homes" / user).exists()
+    store.close()
+
+
+@pytest.fixture(autouse=True)
+def _remove_test_accounts() -> Iterator[None]:
+    """The accounts these tests make go when they end (a trial found earlier runs' accounts left behind)."""
+    yield
+    if os.geteuid() == 0:
+        for user in (f"ua-{kind}-{WORKER}" for kind in ("first", "second", "gone", "lookalike", "refused")):
+            if _exists(account_name(user)):
+                subprocess.run(["userdel", account_name(user)], capture_output=True)

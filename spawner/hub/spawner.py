@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -35,7 +36,7 @@ from ..limits import Cgroup, HostCgroups, Limits, server_group, this_host
 from ..pool.environments import ENV_VAR
 from ..pool.environments import FIELD as ENVIRONMENT
 from ..system_groups import system_groups as groups_on_host
-from ..user_accounts import AccountError, UserAccount, ensure_user_account
+from ..user_accounts import AccountError, UserAccount, ensure_user_account, retire_user_account
 from . import form
 from .compat import SpawnException
 from .leasing import GpuLeasing
@@ -246,6 +247,17 @@ class SimpleLocalGPUSpawner(LocalGPUSpawner, SimpleLocalProcessSpawner):  # type
     @default("home_dir_template")
     def _default_home_dir_template(self) -> str:
         return os.path.join(self.home_root, "{username}")
+
+    async def delete_forever(self) -> None:
+        """The hub deleted the user: with ``account_per_user``, their account and home go too (the home to
+        ``home_root/.deleted/``), or a new user given the same name would get the old one's files."""
+        base = super().delete_forever()  # JupyterHub's is a plain function; a base spawner's may be async
+        if inspect.isawaitable(base):
+            await base
+        if self.account_per_user and not self.name and os.geteuid() == 0:
+            left = await asyncio.to_thread(retire_user_account, self.user.name, self.home_root)
+            if left:
+                self.log.warning("gpupool: deleting %s: %s", self.user.name, left)
 
     def preexec_as(self, name: str) -> Callable[[], None]:
         """Become the user's own account (``account_per_user``) or ``run_as`` when set, then make the home,

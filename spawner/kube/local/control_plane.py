@@ -131,6 +131,7 @@ class ControlPlane:
         over plain HTTP any account on the host could read and write every object, Secrets included."""
         client_port, peer_port = free_port(), free_port()
         self.etcd_url = f"https://127.0.0.1:{client_port}"
+        self.etcd_peer_url = f"https://127.0.0.1:{peer_port}"
         serving = self.pki.issue("etcd", "etcd", server_names=("127.0.0.1", "localhost"))
         self.etcd_client = self.pki.issue("apiserver-etcd-client", "kube-apiserver-etcd-client")
         self._run(
@@ -145,9 +146,15 @@ class ControlPlane:
                 f"--key-file={serving.key}",
                 "--client-cert-auth",
                 f"--trusted-ca-file={self.pki.ca.cert}",
-                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",  # one member: no peer ever connects
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
-                f"--initial-cluster=local=http://127.0.0.1:{peer_port}",
+                # one member, so no peer ever connects; the port takes only the cluster's certificates all
+                # the same (over plain HTTP anyone on the host could post raft messages to it)
+                f"--listen-peer-urls=https://127.0.0.1:{peer_port}",
+                f"--initial-advertise-peer-urls=https://127.0.0.1:{peer_port}",
+                f"--initial-cluster=local=https://127.0.0.1:{peer_port}",
+                f"--peer-cert-file={serving.cert}",
+                f"--peer-key-file={serving.key}",
+                "--peer-client-cert-auth",
+                f"--peer-trusted-ca-file={self.pki.ca.cert}",
                 "--unsafe-no-fsync",  # a throw-away cluster: nothing to keep across a power cut
                 "--quota-backend-bytes=2147483648",
                 "--log-level=warn",

@@ -35,7 +35,7 @@ from ...pool.quotas import QuotaExceeded
 from ...user_accounts import AccountError
 from ..leasing.lease_manager import LeaseManager, NeverFits
 from ..store.job_store import JobNotFound, JobStore
-from . import processes
+from . import processes, submission
 from .runner import JobRunner, LaunchError, LocalRunner, Outcome
 from .submission import Submission, TooManyQueuedJobs, check_submission, job_request, new_job, same_submission
 
@@ -88,6 +88,7 @@ class JobManager:
             if earlier is not None:
                 return earlier, False
             profile = find_profile(self.profiles, ask.profile)
+            submission.check_text(ask.command, ask.env or {}, ask.working_dir, ask.name)  # before any account
             identity = self.identity(user)
             checked = check_submission(
                 identity=identity,

@@ -111,11 +111,8 @@ def check_submission(
 ) -> CheckedJob:
     """The submission checked and completed, or :class:`InvalidJob` for its first problem. ``on_host`` False:
     the paths are in the job's container (see the module docstring)."""
-    if not command or not command[0]:
-        raise InvalidJob("command", 'must be a non-empty list of arguments, e.g. ["python", "train.py"]')
-    _check_text(command, env, working_dir, name)
-    _check_sizes(command, env)
-    checked_env = _check_env(env)
+    check_text(command, env, working_dir, name)
+    checked_env = dict(env)
     try:
         chosen = choose(profile.environments, environment, profile.slug)
     except UnknownEnvironment as error:
@@ -150,6 +147,18 @@ def check_submission(
         name=name or default_name(command),
         request=profile.request(max_runtime if max_runtime is not None else limit, environment),
     )
+
+
+def check_text(
+    command: Sequence[str], env: Mapping[str, str], working_dir: str | None, name: str | None
+) -> None:
+    """What a submission's text must be, whoever runs it: checked before anything is made for its user (a
+    trial's refused jobs each made a system account first)."""
+    if not command or not command[0]:
+        raise InvalidJob("command", 'must be a non-empty list of arguments, e.g. ["python", "train.py"]')
+    _check_text(command, env, working_dir, name)
+    _check_sizes(command, env)
+    _check_env(env)
 
 
 def _check_priority_class(priority_class: str, is_admin: bool) -> None:
@@ -227,7 +236,7 @@ def _check_sizes(command: Sequence[str], env: Mapping[str, str]) -> None:
         raise InvalidJob("command", f"the command and env together are at most {MAX_TOTAL_BYTES // 1024} KiB")
 
 
-def _check_env(env: Mapping[str, str]) -> dict[str, str]:
+def _check_env(env: Mapping[str, str]) -> None:
     for key in env:
         if not _ENV_NAME.fullmatch(key):
             raise InvalidJob(
@@ -235,7 +244,6 @@ def _check_env(env: Mapping[str, str]) -> dict[str, str]:
             )
         if key in _RESERVED or key.startswith("GPUPOOL_"):
             raise InvalidJob(f"env.{key}", "gpupool sets this from the job's lease; leave it out")
-    return dict(env)
 
 
 def _check_text(
