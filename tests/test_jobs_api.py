@@ -329,7 +329,13 @@ def test_the_shell_commands_submit_follow_list_and_refuse_bad_input(hub: Hub) ->
         assert model["max_runtime"] == 600
     assert row[1] == model["user"]  # whose: an admin's list holds everyone's
     bad = _gpupool(hub, "submit", "--profile", "cpu", "--max-runtime", "2x", "--", "true")
-    assert bad.returncode == 1 and "max_runtime" in bad.stderr and "2h" in bad.stderr, bad.stderr
+    assert bad.returncode == 1 and "--max-runtime: " in bad.stderr and "2h" in bad.stderr, bad.stderr
+    # the options' own names, and a negative duration said as such (a trial read "working_dir: …" and
+    # "expected seconds or a duration" for -5m)
+    backwards = _gpupool(hub, "submit", "--profile", "cpu", "--max-runtime=-5m", "--", "true")
+    assert "--max-runtime: must be more than 0 seconds, got -5m" in backwards.stderr, backwards.stderr
+    elsewhere = _gpupool(hub, "submit", "--profile", "cpu", "--workdir", "/etc", "--", "true")
+    assert elsewhere.returncode == 1 and "gpupool: --workdir: /etc is outside your home" in elsewhere.stderr
     negative = _gpupool(hub, "submit", "--profile", "cpu", "--retries", "-1", "--", "true")
     assert negative.returncode == 2 and "--retries: a whole number from 0 to 20, got -1" in negative.stderr
     unknown = _gpupool(hub, "submit", "--profile", "h200", "--", "true")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import re
 import sys
 from typing import Any
 
@@ -86,6 +87,10 @@ def connect(args: argparse.Namespace) -> Connection:
     return Connection(args.url, args.token, state_dir=args.state_dir)
 
 
+def _option(field: re.Match[str]) -> str:
+    return {"working_dir": "--workdir"}.get(field.group(1), "--" + field.group(1).replace("_", "-"))
+
+
 def _retries(text: str) -> int:
     if not text.isdigit() or int(text) > MAX_RETRIES:
         raise argparse.ArgumentTypeError(f"a whole number from 0 to {MAX_RETRIES}, got {text}")
@@ -96,16 +101,20 @@ def _submit(args: argparse.Namespace) -> int:
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
         raise GpupoolError(400, "invalid_request", "command: give it after --, e.g. -- python train.py")
-    job = submit(
-        command,
-        args.profile,
-        name=args.name,
-        working_dir=args.workdir,
-        max_runtime=args.max_runtime,
-        retries=args.retries,
-        submission_id=args.submission_id,
-        connection=connect(args),
-    )
+    try:
+        job = submit(
+            command,
+            args.profile,
+            name=args.name,
+            working_dir=args.workdir,
+            max_runtime=args.max_runtime,
+            retries=args.retries,
+            submission_id=args.submission_id,
+            connection=connect(args),
+        )
+    except GpupoolError as error:  # the API's field names, as the options this command took them from
+        detail = re.sub(r"^(working_dir|max_runtime|submission_id)\b", _option, error.detail)
+        raise GpupoolError(error.status, error.error, detail) from None
     model = job.model()
     print(f"{job.id}\t{model['name']}\t{_place(model) or model['state']}")
     return 0

@@ -313,6 +313,8 @@ class JobRequest(BaseModel):
             )
         if isinstance(value, str):
             seconds = parse_duration(value)
+            if seconds is None and parse_duration(value.strip().removeprefix("-")) is not None:
+                raise ValueError(f"must be more than 0 seconds, got {value.strip()}")
             if seconds is None:
                 raise ValueError(f"expected seconds or a duration such as 2h, 30m or 1d, got {value!r}")
             return seconds
