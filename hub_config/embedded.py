@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from gpupool.spawner.hub import up
+from gpupool.spawner.hub import up, up_checks
 from gpupool.spawner.hub.up_running import HUB_PID_FILE, PROXY_PID_FILE
 from gpupool.spawner.hub.up_service_config import pass_to_service
 
@@ -100,6 +100,8 @@ if settings.demo_login:
 
 for extra in settings.extra_config:
     load_subconfig(extra)  # type: ignore[name-defined]  # noqa: F821
+if c.JupyterHub.authenticator_class == "shared-password":  # an -f file's passwords, checked in one line
+    up_checks.check_shared_passwords(c)
 
 # One profiles file for the spawn form and the service (GPUPOOL_PROFILES, or what an -f file gave either), and
 # the service's own settings from the -f files (c.ServiceSettings.policy = "fgd") on its command line.

@@ -599,3 +599,27 @@ def test_each_internal_port_is_settable_and_named_in_help(start: tuple[Path, int
         assert httpx.get(f"http://127.0.0.1:{api_port}/api/routes").status_code == 403  # the proxy's API
     finally:
         up.stop()
+
+
+def test_a_shared_password_too_short_stops_gpupool_up_in_one_line(tmp_path: Path) -> None:
+    """An admin's trial set a 5-character shared password in an ``-f`` file: the hub stopped with JupyterHub's
+    60-line traceback, the reason on its last line."""
+    config = tmp_path / "users.py"
+    config.write_text(
+        "c = get_config()  # noqa\n"
+        "c.SharedPasswordAuthenticator.user_password = 'short'\n"
+        "c.Authenticator.allow_all = True\n"
+    )
+    result = subprocess.run(
+        up_command(
+            *("--port", str(free_port_family()), "--pool", str(DEMO_POOL)),
+            *("--state-dir", str(tmp_path / "state"), "-f", str(config)),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    said = result.stdout + result.stderr
+    assert result.returncode != 0 and "Traceback" not in said, said
+    assert "gpupool: SharedPasswordAuthenticator.user_password must be at least 8 characters long" in said
+    assert "Log in at" not in said

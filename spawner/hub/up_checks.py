@@ -7,6 +7,7 @@ import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -108,3 +109,15 @@ def kubeconfig_namespace(kubeconfig: str) -> str:
         return str(contexts.get(config.get("current-context"), {}).get("namespace") or "default")
     except (OSError, yaml.YAMLError, AttributeError, TypeError) as error:
         raise UpError(f"--kubeconfig {kubeconfig}: not a kubeconfig ({error})") from None
+
+
+def check_shared_passwords(c: Any) -> None:
+    """SystemExit, in one line, when the shared-password login's passwords break its rules (under 8 or 32
+    characters, or one for both): JupyterHub would say so at the end of a 60-line traceback."""
+    from jupyterhub.authenticators.shared import SharedPasswordAuthenticator  # type: ignore[import-untyped]
+    from traitlets import TraitError
+
+    try:
+        SharedPasswordAuthenticator(config=c)
+    except (ValueError, TraitError) as error:
+        raise SystemExit(f"gpupool: {error}") from None
