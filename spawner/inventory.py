@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .pool.devices import FULL_MILLI, GpuMode
+from .pool.gpu_equivalents import shares_worth
 from .pool.state import PoolState
 
 
@@ -101,7 +102,7 @@ def render_pool(description: dict[str, Any], holders: Mapping[str, str] | None =
     lines.append(
         f"{_count(summary['nodes'], 'node')}, {_count(summary['gpus'], 'GPU')}. Free now: "
         f"{_count(summary['whole_gpus_free'], 'whole GPU')}; MIG slices {mig}; "
-        f"{summary['shared_milli_free'] / FULL_MILLI:g} GPUs' worth of shares on "
+        f"{shares_worth(summary['shared_milli_free'])} on "
         f"{_count(summary['shared_gpus'], 'shared GPU')}"
     )
     if summary["unhealthy"]:

@@ -101,6 +101,8 @@ def test_the_pool_line_says_what_is_free_now() -> None:
         {"whole_gpus_free": 1, "mig_slices_free": {"1g.10gb": 7, "3g.40gb": 1}, "shared_milli_free": 1500}
     )
     assert line == "Pool free now: 1 whole GPU; MIG slices 1g.10gb ×7, 3g.40gb ×1; 1.5 GPUs' worth of shares"
+    one = pool_free_line({"whole_gpus_free": 2, "shared_milli_free": 1000})
+    assert one == "Pool free now: 2 whole GPUs; MIG slices none; 1 GPU's worth of shares"  # was "1 GPUs'"
 
 
 def test_a_cull_warning_of_this_server_says_when_and_why_and_others_are_not_shown() -> None:

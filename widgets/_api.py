@@ -11,12 +11,14 @@ if TYPE_CHECKING:
     from spawner.names import UP_STATE
     from spawner.pool.environments import ENV_VAR
     from spawner.pool.expected_start import time_and_span, time_of_day
+    from spawner.pool.gpu_equivalents import shares_worth
     from spawner.pool.job_states import MAX_RETRIES
 else:
     from gpupool.spawner.client import EXAMPLE_URL, Connection, GpupoolError
     from gpupool.spawner.names import UP_STATE
     from gpupool.spawner.pool.environments import ENV_VAR
     from gpupool.spawner.pool.expected_start import time_and_span, time_of_day
+    from gpupool.spawner.pool.gpu_equivalents import shares_worth
     from gpupool.spawner.pool.job_states import MAX_RETRIES
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "UP_STATE",
     "Connection",
     "GpupoolError",
+    "shares_worth",
     "time_and_span",
     "time_of_day",
 ]

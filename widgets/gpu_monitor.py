@@ -26,7 +26,7 @@ from typing import Any
 import ipywidgets as w  # type: ignore[import-untyped]
 from traitlets import Float, Unicode, default, observe
 
-from ._api import Connection, GpupoolError
+from ._api import Connection, GpupoolError, shares_worth
 from .poller import Poller
 
 WAITING = "waiting for the gpupool service…"
@@ -155,11 +155,8 @@ def pool_free_line(summary: Mapping[str, Any]) -> str:
     """What the pool has free right now, from ``GET pool``'s summary, in one sentence."""
     whole = int(summary.get("whole_gpus_free", 0))
     mig = ", ".join(f"{p} ×{n}" for p, n in (summary.get("mig_slices_free") or {}).items()) or "none"
-    shares = float(summary.get("shared_milli_free", 0)) / 1000
-    return (
-        f"Pool free now: {whole} whole GPU{'' if whole == 1 else 's'}; MIG slices {mig}; "
-        f"{shares:g} GPUs' worth of shares"
-    )
+    shares = shares_worth(float(summary.get("shared_milli_free", 0)))
+    return f"Pool free now: {whole} whole GPU{'' if whole == 1 else 's'}; MIG slices {mig}; {shares}"
 
 
 def warning_lines(warnings: Iterable[Mapping[str, Any]], *, now: float, lease_id: str | None = None) -> str:

@@ -38,3 +38,9 @@ def of_grant(grant: Grant) -> float:
 
 def of_grants(grants: Iterable[Grant]) -> float:
     return sum(of_grant(g) for g in grants)
+
+
+def shares_worth(milli: float) -> str:
+    """``1.5 GPUs' worth of shares``, ``1 GPU's worth of shares``: free share capacity as the pages say it."""
+    gpus = milli / FULL_MILLI
+    return f"{gpus:g} GPU's worth of shares" if gpus == 1 else f"{gpus:g} GPUs' worth of shares"

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...pool.gpu_equivalents import shares_worth
 from ..telemetry.host_usage import HostUse
 
 NA = "N/A"
@@ -247,7 +248,7 @@ def summary_line(summary: Mapping[str, Any]) -> str:
     return _e(
         f"{summary.get('nodes', 0)} nodes, {summary.get('gpus', 0)} GPUs. Free now: "
         f"{summary.get('whole_gpus_free', 0)} whole GPUs; MIG slices {mig}; "
-        f"{summary.get('shared_milli_free', 0) / 1000:g} GPUs' worth of shares."
+        f"{shares_worth(summary.get('shared_milli_free', 0))}."
     )
 
 
