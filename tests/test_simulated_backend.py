@@ -316,8 +316,15 @@ def test_a_missing_file_is_a_pool_file_error(tmp_path: Path) -> None:
         ("    shared: {1: 2}\n    mig: {1: [7g.80gb]}\n", "gpu 1: a GPU cannot be both MIG and shared"),
         (
             "    shared: {all: 1}\n",
-            "node gpu-a: shared must be a whole number of holders of at least 2, got 1",
+            "node gpu-a: shared must be a whole number of holders from 2 to 1000 (a thousandth of the GPU each), "
+            "got 1",
         ),
+        # an admin's trial: more holders than a GPU has thousandths, and a GPU marked unhealthy twice, loaded
+        (
+            "    shared: {0: 5000}\n",
+            "node gpu-a: shared for gpu 0 must be a whole number of holders from 2 to 1000",
+        ),
+        ("    unhealthy: [1, 1]\n", "node gpu-a: unhealthy: gpu 1 is listed twice; name each GPU once"),
     ],
     ids=[
         "overlap",
@@ -328,6 +335,8 @@ def test_a_missing_file_is_a_pool_file_error(tmp_path: Path) -> None:
         "empty",
         "mig-and-shared",
         "one-holder",
+        "too-many-holders",
+        "unhealthy-twice",
     ],
 )
 def test_bad_mig_and_sharing_layouts_are_explained(extra: str, expected: str) -> None:

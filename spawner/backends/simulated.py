@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..files.yaml_fields import check_fields, kind, load_yaml, parse_memory_mib, read_text, required_field
-from ..pool.devices import Gpu, GpuMode, Health, MigInstance, Node
+from ..pool.devices import FULL_MILLI, Gpu, GpuMode, Health, MigInstance, Node
 from ..pool.mig import Placement, fit, geometry, layout_problem, profile_memory_gb, why_not_fit
 from ..pool.products import PRODUCTS, UnknownProduct, normalize_product
 from ..pool.software import cuda_of_driver, version
@@ -336,9 +336,12 @@ def _shared(where: _Where, value: object, count: int, mig: set[int]) -> dict[int
     shares: dict[int, int] = {}
     explicit: dict[int, int] = {}
     for key, holders in value.items():
-        if isinstance(holders, bool) or not isinstance(holders, int) or holders < 2:
+        if isinstance(holders, bool) or not isinstance(holders, int) or not 2 <= holders <= FULL_MILLI:
             gpu = "" if key == "all" else f" for gpu {key}"
-            where.fail(f"shared{gpu} must be a whole number of holders of at least 2, got {holders!r}")
+            where.fail(
+                f"shared{gpu} must be a whole number of holders from 2 to {FULL_MILLI} (a thousandth of the "
+                f"GPU each), got {holders!r}"
+            )
         if key == "all":  # every GPU not in a MIG layout
             shares.update(dict.fromkeys((i for i in range(count) if i not in mig), holders))
         else:
@@ -351,7 +354,10 @@ def _indices(where: _Where, value: object, count: int, field: str) -> list[int]:
         return []
     if not isinstance(value, list):
         where.fail(f"{field} must be a list of GPU indices such as [0, 3], got {value!r}")
-    return [_index(where, item, count, field) for item in value]
+    indices = [_index(where, item, count, field) for item in value]
+    if twice := sorted({i for i in indices if indices.count(i) > 1}):
+        where.fail(f"{field}: gpu {twice[0]} is listed twice; name each GPU once")
+    return indices
 
 
 def _index(where: _Where, value: object, count: int, field: str) -> int:
