@@ -21,7 +21,7 @@ Schema (see ``hub_config/pools/demo.yaml`` for a full example)::
           cuda_version: "12.4"         # optional: the CUDA the driver supports (default and most: driver's)
         mig:                    # optional: GPU index -> "profile@start" list; no @start: mig.fit places it
           6: [3g.40gb@0, 3g.40gb@4]
-        shared:                 # optional: GPU index or "all" -> most holders at once (>= 2); index beats all
+        shared:                 # optional: GPU index or "all" -> most holders at once (2-1000); index beats all
           all: 4
         unhealthy: [3]          # optional: GPU indices marked unhealthy
 
