@@ -501,20 +501,24 @@ def test_a_config_file_that_raises_stops_gpupool_up_before_anyone_is_invited_to_
     """A trial found the login line and password printed above the traceback of an ``-f`` file that raised."""
     config = tmp_path / "typo_config.py"
     config.write_text("c = get_config()  # noqa\nc.JupyterHub.log_level = DEBUG\n")  # a name, not a string
-    port = free_port_family()
-    result = subprocess.run(
+    result = _up_that_stops(tmp_path, config)
+    said = result.stdout + result.stderr
+    assert result.returncode != 0 and "name 'DEBUG' is not defined" in said, said
+    assert "gpupool: state in" in result.stdout  # the lines before the start are still there
+    assert "Log in at" not in said and "password" not in said
+
+
+def _up_that_stops(tmp_path: Path, config: Path) -> subprocess.CompletedProcess[str]:
+    """``gpupool up -f config`` on the demo pool, run to its end (a start that should stop before the hub)."""
+    return subprocess.run(
         up_command(
-            *("--port", str(port), "--pool", str(DEMO_POOL)),
+            *("--port", str(free_port_family()), "--pool", str(DEMO_POOL)),
             *("--state-dir", str(tmp_path / "state"), "-f", str(config)),
         ),
         capture_output=True,
         text=True,
         timeout=120,
     )
-    said = result.stdout + result.stderr
-    assert result.returncode != 0 and "name 'DEBUG' is not defined" in said, said
-    assert "gpupool: state in" in result.stdout  # the lines before the start are still there
-    assert "Log in at" not in said and "password" not in said
 
 
 def _children(pid: int) -> dict[int, str]:
@@ -610,15 +614,7 @@ def test_a_shared_password_too_short_stops_gpupool_up_in_one_line(tmp_path: Path
         "c.SharedPasswordAuthenticator.user_password = 'short'\n"
         "c.Authenticator.allow_all = True\n"
     )
-    result = subprocess.run(
-        up_command(
-            *("--port", str(free_port_family()), "--pool", str(DEMO_POOL)),
-            *("--state-dir", str(tmp_path / "state"), "-f", str(config)),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = _up_that_stops(tmp_path, config)
     said = result.stdout + result.stderr
     assert result.returncode != 0 and "Traceback" not in said, said
     assert "gpupool: SharedPasswordAuthenticator.user_password must be at least 8 characters long" in said
