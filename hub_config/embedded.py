@@ -85,6 +85,7 @@ if settings.kubeconfig:
     c.KubeGPUSpawner.storage_capacity = "1Gi"
     c.KubeGPUSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
     c.KubeGPUSpawner.volume_mounts = [{"name": "home", "mountPath": "/home/jovyan"}]
+    c.KubeGPUSpawner.working_dir = "/home/jovyan"  # a Jupyter image's WORKDIR; the local kubelet pulls none
     if os.geteuid() == 0:
         # the local cluster's simulated kubelet stands in for a container runtime and runs the pod's command as
         # its own user, root on a root-only dev box or CI; a real cluster runs it as the image's user

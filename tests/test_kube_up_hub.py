@@ -65,9 +65,17 @@ def test_a_new_user_reaches_jupyterlab_in_a_pod_on_the_leased_node_with_the_leas
             "claim-demo bound",
         )
         assert claim["spec"]["storageClassName"] == ""
+        # the README's training example: a script uploaded through JupyterLab, run as a job from the home (a
+        # trial's job could not open it: the server's files and the job's were in different folders)
+        uploaded = browser.put(
+            "/user/demo/api/contents/train.py",
+            json={"type": "file", "format": "text", "content": "print('trained')\n"},
+            headers=headers,
+        )
+        assert uploaded.status_code in (200, 201), uploaded.text
         job = httpx.post(
             f"{up.url}/services/gpupool/api/v1/jobs",
-            json={"profile": "cpu", "command": ["python", "-c", "print('trained')"]},
+            json={"profile": "cpu", "command": ["python", "train.py"]},
             headers=headers,
             timeout=30,
         )

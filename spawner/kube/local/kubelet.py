@@ -22,8 +22,9 @@ What it does not do, and says wherever it shows (the node label ``gpupool.io/sim
 who started the kubelet, with this Python's ``bin`` first on ``PATH``. A container with ``args`` and no ``command``
 runs its args, as an image whose entrypoint is an init such as ``tini`` (Jupyter's images) would; one with
 neither fails.
-Volumes are not mounted: a ``workingDir`` that does not exist here becomes the pod's own folder, which is also
-its ``HOME``. Every pod shares this machine's network, so each gets an address of its own on the loopback
+Volumes are not mounted: each is a folder here, and paths under a mount point in a container's ``workingDir``,
+arguments and environment are rewritten to it (:mod:`.mounts`); a ``workingDir`` that does not exist here
+becomes the pod's own folder, which is otherwise its ``HOME``. Every pod shares this machine's network, so each gets an address of its own on the loopback
 network (127.1.x.y) and ``0.0.0.0`` in its environment or arguments means that address. Restart policies are
 read as ``Never``.
 
@@ -48,6 +49,7 @@ from . import pod_processes
 from .container_env import MissingReference, container_environment, expand
 from .device_plugin import NodeDevices
 from .log_server import LogServer
+from .mounts import mount_points, on_host, volume_folders
 from .pki import KeyPair, client_tls
 from .pod_processes import Container, RunningPod
 from .statuses import node_status, pod_status
@@ -239,6 +241,15 @@ class NodeAgent:
 
     async def _run(self, running: RunningPod, pod: Obj) -> None:
         running.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            running.volumes = await volume_folders(self.api, pod, running.folder)
+        except (OSError, ValueError, httpx.HTTPError) as error:
+            log.warning(
+                "pod %s/%s: volumes not found (%r); paths stay as written",
+                running.namespace,
+                running.name,
+                error,
+            )
         spec = pod["spec"]
         for container in spec.get("initContainers", []):
             await self._start(running, pod, container)
@@ -268,15 +279,21 @@ class NodeAgent:
                     env = await self._environment(pod, container, running)
                     break
                 except MissingReference as missing:
-                    if not record.waiting:
+                    if record.waiting != str(missing):  # the one missing now, not the first one
                         record.waiting = str(missing)
                         await self._report(running, pod)
                     if running.deleting:
                         raise
                     await asyncio.sleep(CONFIG_RETRY_S)
             record.waiting = ""
+            points = mount_points(container, running.volumes)
             argv = [expand(part, env) for part in [*container.get("command", []), *container.get("args", [])]]
-            await pod_processes.spawn(record, argv, env, container.get("workingDir") or "", running)
+            working_dir = on_host(container.get("workingDir") or "", points)
+            if working_dir != (container.get("workingDir") or "") and "HOME" not in _named(container):
+                env["HOME"] = working_dir  # the image's home, which its working directory is
+            env = {name: on_host(value, points) for name, value in env.items()}
+            argv = [on_host(part, points) for part in argv]
+            await pod_processes.spawn(record, argv, env, working_dir, running)
         except (OSError, ValueError, LookupError, httpx.HTTPError) as error:
             pod_processes.failed_to_start(record, error)
 
@@ -328,3 +345,8 @@ async def run_forever(start: Callable[[], Awaitable[object]], stop: Callable[[],
         await done.wait()
     finally:
         await stop()
+
+
+def _named(container: Obj) -> set[str]:
+    """The variables the container's own ``env`` names."""
+    return {item["name"] for item in container.get("env") or []}

@@ -37,6 +37,7 @@ class RunningPod:
     folder: Path
     containers: dict[str, Container] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    volumes: dict[str, Path] = field(default_factory=dict)  # volume name -> its folder here (see .mounts)
     deleting: bool = False
     task: asyncio.Task[None] | None = None
 
