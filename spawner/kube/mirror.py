@@ -101,6 +101,9 @@ class Mirror:
     async def _watch(self) -> None:
         """Watch forever: resume where a watch ended, relist on 410 Gone, wait a moment on other errors."""
         while True:
+            if self.lost_since is not None:  # after an outage, list afresh: a quiet watch would say nothing
+                self.relists += 1  # for minutes, and what changed meanwhile is in the list
+                await self._relisted()
             try:
                 async with watch.Watch(return_type="object") as stream:
                     async for event in stream.stream(
