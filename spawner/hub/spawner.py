@@ -216,6 +216,17 @@ class SimpleLocalGPUSpawner(LocalGPUSpawner, SimpleLocalProcessSpawner):  # type
         service ``GPUPOOL_JOB_ACCOUNT_PER_USER=1`` so jobs run as the same accounts.""",
     )
 
+    home_root = Unicode(
+        "/tmp/gpupool-homes",
+        config=True,
+        help="""The folder holding one home directory per user (made at spawn), e.g.
+        ``c.SimpleLocalGPUSpawner.home_root = "/srv/gpupool/homes"``.""",
+    )
+
+    @default("home_dir_template")
+    def _default_home_dir_template(self) -> str:
+        return os.path.join(self.home_root, "{username}")
+
     _account: UserAccount | None = None
 
     async def start(self) -> Any:
@@ -236,17 +247,6 @@ class SimpleLocalGPUSpawner(LocalGPUSpawner, SimpleLocalProcessSpawner):  # type
                     status_code=500,
                 ) from None
         return await super().start()
-
-    home_root = Unicode(
-        "/tmp/gpupool-homes",
-        config=True,
-        help="""The folder holding one home directory per user (made at spawn), e.g.
-        ``c.SimpleLocalGPUSpawner.home_root = "/srv/gpupool/homes"``.""",
-    )
-
-    @default("home_dir_template")
-    def _default_home_dir_template(self) -> str:
-        return os.path.join(self.home_root, "{username}")
 
     async def delete_forever(self) -> None:
         """The hub deleted the user: with ``account_per_user``, their account and home go too (the home to

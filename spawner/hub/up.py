@@ -316,7 +316,7 @@ def prepare(
     found = None if kubeconfig else discover_pool(pool)
     state.mkdir(parents=True, exist_ok=True)
     state.chmod(0o700)  # the databases, the proxy's token and the cookie secret: no one else's to read
-    account = None if kubeconfig or os.geteuid() != 0 else _unprivileged_account()
+    account = None if kubeconfig or os.geteuid() != 0 else _as_root()
     settings = UpSettings(
         state_dir=str(state),
         ip=ip,
@@ -363,7 +363,7 @@ def _start_messages(settings: UpSettings, found: DiscoveredPool | None) -> list[
     return messages
 
 
-def _unprivileged_account() -> dict[str, Any]:
+def _as_root() -> dict[str, Any]:
     """As root: the folder of the users' homes (root's) and an environment every account can run (built when
     missing), as :class:`UpSettings` fields; the users' accounts are made at their first start."""
     from ..user_accounts import DEFAULT_HOMES, AccountError, prepare_homes

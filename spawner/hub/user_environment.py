@@ -2,10 +2,10 @@
 
 A server that runs as a user's own account (``gp-<name>``) must execute a Python with JupyterHub, JupyterLab and
 gpupool's widgets. The environment ``gpupool up`` runs from is often out of such an account's reach: a venv
-inside a private folder (``/root``, a ``mktemp -d`` checkout) or on top of root's pyenv. Then one is built in a root-owned folder that
-every account can read, ``/opt/gpupool-demo/env``, from a system Python every account can run, with this hub's
-versions of JupyterHub, JupyterLab and ipywidgets and with gpupool from this checkout. It is built once (pip,
-from the package index), and only gpupool is reinstalled when the checkout changes.
+inside a private folder (``/root``, a ``mktemp -d`` checkout) or on top of root's pyenv. Then one is built in a
+root-owned folder that every account can read, ``/opt/gpupool-demo/env``, from a system Python every account
+can run, with this hub's versions of JupyterHub, JupyterLab and ipywidgets and with gpupool from this checkout.
+It is built once (pip, from the package index), and only gpupool is reinstalled when the checkout changes.
 """
 
 from __future__ import annotations

@@ -159,9 +159,8 @@ def assemble(settings: ServiceSettings) -> Service:
     if cluster is not None:
         from .kube_pool import KubeSampler
 
-        parts.unreachable_since = (
-            cluster.unreachable_since
-        )  # GET pool says when the cluster stopped answering
+        # GET pool says when the cluster stopped answering
+        parts.unreachable_since = cluster.unreachable_since
         # dcgm-exporter's readings reach the leases through their pods
         sampler = parts.telemetry.sampler
         assert isinstance(sampler, KubeSampler)

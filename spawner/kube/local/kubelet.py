@@ -24,9 +24,9 @@ runs its args, as an image whose entrypoint is an init such as ``tini`` (Jupyter
 neither fails.
 Volumes are not mounted: each is a folder here, and paths under a mount point in a container's ``workingDir``,
 arguments and environment are rewritten to it (:mod:`.mounts`); a ``workingDir`` that does not exist here
-becomes the pod's own folder, which is otherwise its ``HOME``. Every pod shares this machine's network, so each gets an address of its own on the loopback
-network (127.1.x.y) and ``0.0.0.0`` in its environment or arguments means that address. Restart policies are
-read as ``Never``.
+becomes the pod's own folder, which is otherwise its ``HOME``. Every pod shares this machine's network, so each
+gets an address of its own on the loopback network (127.1.x.y) and ``0.0.0.0`` in its environment or arguments
+means that address. Restart policies are read as ``Never``.
 
 The parts: :mod:`.log_server` (logs), :mod:`.pod_processes` (containers as processes), :mod:`.container_env`
 (their environment), :mod:`.device_plugin` (GPU devices) and :mod:`.statuses` (what the API is told).

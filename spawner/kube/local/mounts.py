@@ -1,4 +1,4 @@
-"""A pod's volumes as folders on this machine, for the simulated kubelet, which runs containers as local processes.
+"""A pod's volumes as folders on this machine, for the simulated kubelet, which runs containers as processes.
 
 Nothing is mounted: instead each volume is a folder here (a claim's, the ``hostPath`` of the volume bound to it;
 an ``emptyDir``, a folder of the pod's own; a ``hostPath``, its path), and a container's working directory,
@@ -19,8 +19,8 @@ Obj = dict[str, Any]
 
 
 async def volume_folders(api: httpx.AsyncClient, pod: Obj, pod_folder: Path) -> dict[str, Path]:
-    """Volume name -> its folder here, made when missing; a claim not yet bound to a ``hostPath`` volume is
-    left out (its mounts then stay the paths they name)."""
+    """Volume name -> its folder here (:func:`mount_points` makes those a container mounts); a claim not yet
+    bound to a ``hostPath`` volume is left out (its mounts then stay the paths they name)."""
     folders: dict[str, Path] = {}
     namespace = pod["metadata"]["namespace"]
     for volume in pod["spec"].get("volumes") or []:
@@ -37,8 +37,6 @@ async def volume_folders(api: httpx.AsyncClient, pod: Obj, pod_folder: Path) -> 
             path = held.get("spec", {}).get("hostPath", {}).get("path")
             if path:
                 folders[name] = Path(path)
-    for folder in folders.values():
-        folder.mkdir(parents=True, exist_ok=True)
     return folders
 
 
