@@ -62,9 +62,8 @@ def show_pool(args: argparse.Namespace) -> int:
             print(f"gpupool: {not_live}", file=sys.stderr)
     if description is None:
         description = _devices(args.pool)
-        heading = (
-            not_live[:1].upper() + not_live[1:]
-        )  # on stdout too: a trial took the demo pool for its cluster's
+        # on stdout too: a trial took the demo pool for its cluster's
+        heading = not_live[:1].upper() + not_live[1:]
     if args.json:
         print(json.dumps(description, indent=2))
     else:
