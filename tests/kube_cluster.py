@@ -10,6 +10,7 @@ every Kubernetes test fails with the reason; none is skipped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import threading
@@ -300,3 +301,38 @@ def point_kubespawner_at(monkeypatch: pytest.MonkeyPatch, kubeconfig: Path) -> N
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
     load_config.cache_clear()
+
+
+class Relay:
+    """A TCP relay to the API server that can be cut (every connection closed, nothing accepted) and opened
+    again on the same port: an API server gone silent, for its clients alone."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.server: asyncio.Server | None = None
+        self.writers: set[asyncio.StreamWriter] = set()
+
+    async def open(self, port: int) -> int:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", port)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        for writer in list(self.writers):
+            writer.close()
+        self.writers.clear()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection(self.host, self.port)
+        self.writers |= {writer, upstream_writer}
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError, OSError):
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            sink.close()
+
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))

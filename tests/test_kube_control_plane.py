@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import logging
 import ssl
 import time
@@ -17,7 +16,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from kube_cluster import LocalKube, eventually
+from kube_cluster import LocalKube, Relay, eventually
 
 from gpupool.spawner.kube.local.control_plane import write_kubeconfig
 from gpupool.spawner.kube.local.pki import client_tls
@@ -118,41 +117,6 @@ def test_a_silent_api_server_is_said_once_and_known_until_it_answers_again(
             await relay.close()
 
     asyncio.run(scenario())
-
-
-class Relay:
-    """A TCP relay to the API server that can be cut (every connection closed, nothing accepted) and opened
-    again on the same port: an API server gone silent, for its clients alone."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.server: asyncio.Server | None = None
-        self.writers: set[asyncio.StreamWriter] = set()
-
-    async def open(self, port: int) -> int:
-        self.server = await asyncio.start_server(self._relay, "127.0.0.1", port)
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            self.server = None
-        for writer in list(self.writers):
-            writer.close()
-        self.writers.clear()
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        upstream_reader, upstream_writer = await asyncio.open_connection(self.host, self.port)
-        self.writers |= {writer, upstream_writer}
-
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(ConnectionError, OSError):
-                while data := await source.read(65536):
-                    sink.write(data)
-                    await sink.drain()
-            sink.close()
-
-        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
 
 
 async def _until(condition: Callable[[], bool], timeout_s: float) -> None:

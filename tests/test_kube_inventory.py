@@ -13,10 +13,22 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from kube_cluster import A100, H100, LocalKube, l4_node, load_fixture, own_node, wait_for_file, workload_pod
+from kube_cluster import (
+    A100,
+    H100,
+    LocalKube,
+    Relay,
+    l4_node,
+    load_fixture,
+    own_node,
+    wait_for_file,
+    workload_pod,
+)
 
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES
+from gpupool.spawner.kube.local.control_plane import write_kubeconfig
 from gpupool.spawner.kube.node_watch import KubeInventory, connect
 from gpupool.spawner.kube.resources import kube_grant
 from gpupool.spawner.pool.devices import GpuMode, Health
@@ -291,3 +303,44 @@ def test_device_plugin_variants_registered_by_a_kubelet_are_read_as_the_plugin_m
         done.touch()
         for agent in agents:
             kube.remove_node(agent)
+
+
+def test_while_the_api_server_is_silent_nothing_is_placed_and_the_queue_says_why(
+    kube: LocalKube, tmp_path: Path
+) -> None:
+    """A Kubernetes trial stopped the cluster under a running service: spawns were still granted leases and
+    then failed with the raw "Cannot connect to host". Now they wait, saying why, and start once the API
+    server answers. (The service's watches go through a relay this test cuts; the cluster keeps running.)"""
+    service = Service(tmp_path, kube.kubeconfig(tmp_path / "kubeconfig"))
+    manager, cluster = service.manager, service.cluster
+    target = urlsplit(kube.url)
+
+    async def scenario() -> None:
+        relay = Relay(target.hostname or "127.0.0.1", target.port or 443)
+        port = await relay.open(0)
+        cluster.backend.kubeconfig = str(
+            write_kubeconfig(
+                tmp_path / "relayed", f"https://127.0.0.1:{port}", kube.plane.pki.ca.cert, kube.plane.admin
+            )
+        )
+        async with cluster.watching():
+            try:
+                assert (
+                    manager.request_lease("ann", [], "server", "a", "a100", ONE_A100).state
+                    is LeaseState.GRANTED
+                )
+                await relay.close()
+                await eventually(lambda: cluster.unreachable_since() is not None, "the watches lost")
+                waiting = manager.request_lease("bo", [], "server", "b", "a100", ONE_A100)
+                assert waiting.state is LeaseState.QUEUED
+                message = manager.waiting_message(waiting.id) or ""
+                assert "the cluster's API server has not answered since" in message, message
+                assert "nothing starts until it does" in message
+                await relay.open(port)
+                await eventually(
+                    lambda: manager.get(waiting.id).state is LeaseState.GRANTED, "granted once it answers", 60
+                )
+            finally:
+                await relay.close()
+
+    asyncio.run(scenario())

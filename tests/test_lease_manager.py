@@ -282,3 +282,29 @@ def test_a_wait_never_counts_on_devices_a_drain_keeps_out(tmp_path: Path) -> Non
     assert "no expected start yet (what it waits for has no time limit, or is drained or failed)" in (
         m.waiting_message(waiting.id) or ""
     )
+
+
+def test_while_placements_are_held_requests_queue_saying_why_and_start_in_order_once_resumed(
+    tmp_path: Path,
+) -> None:
+    """A Kubernetes trial stopped the cluster's API server under a running service: spawns were still granted
+    and then failed with "Cannot connect to host". While the backend holds placements nothing is granted, and
+    whoever waits reads why instead of an estimate."""
+    m = manager(tmp_path)
+    running = ask(m, "alice", WHOLE)
+    why = "the cluster's API server has not answered since 22:15 UTC: nothing starts until it does"
+    m.hold_placements(why)
+    first, second = ask(m, "bob", MIG), ask(m, "carol", SHARE)
+    assert first.state is second.state is LeaseState.QUEUED  # though both would fit
+    assert m.availability({"mig": MIG})["mig"][0] == 0
+    message = m.waiting_message(first.id) or ""
+    assert message.endswith(why) and "expected" not in message, message
+    assert m.expected_start_of_new(MIG) is None
+    m.release(running.id)  # a release admits no one while held
+    assert m.get(first.id).state is LeaseState.QUEUED and held_uuids(m) == []
+    with pytest.raises(NeverFits):  # a request no pool could serve is still told so at once
+        ask(m, "dan", Request(4000, 16384, WholeGpus(9, H100)))
+
+    m.hold_placements(None)
+    assert [m.get(lease.id).state for lease in (first, second)] == [LeaseState.GRANTED] * 2
+    assert ask(m, "erin", WHOLE).state is LeaseState.GRANTED

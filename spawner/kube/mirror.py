@@ -32,7 +32,8 @@ MAX_RETRY_S = 15.0  # the longest wait between tries at a watch the API server d
 class Mirror:
     """The objects ``list_call`` lists (with ``namespace`` and ``label_selector`` when given), by ``key``
     (default: the name); ``synced`` once listed. ``on_change`` hears the objects a watch event or a relist
-    touched, old and new versions both, so a listener can work out what it has to judge again.
+    touched, old and new versions both, so a listener can work out what it has to judge again;
+    ``on_reach`` hears that :attr:`lost_since` changed (the API server fell silent, or answered again).
     ``relists`` and ``resumes`` count how the watch recovered (for logs and tests)."""
 
     def __init__(
@@ -44,6 +45,7 @@ class Mirror:
         label_selector: str | None = None,
         key: Callable[[Obj], str] | None = None,
         on_change: Callable[[list[Obj]], None] | None = None,
+        on_reach: Callable[[], None] | None = None,
         watch_timeout_s: int = 300,
         retry_s: float = 1.0,
     ) -> None:
@@ -60,6 +62,7 @@ class Mirror:
         }
         self._key = key or _name
         self._on_change = on_change
+        self._on_reach = on_reach
         self._watch_timeout_s = watch_timeout_s
         self._retry_s = retry_s
         self._version = ""
@@ -138,15 +141,25 @@ class Mirror:
         if self.lost_since is None:
             self.lost_since = time.time()
             log.warning("watch of %s lost (%s); retrying until the API server answers", self.kind, why)
+            self._reach_changed()
         else:
             log.debug("watch of %s still lost (%s)", self.kind, why)
         self._failures += 1
         await asyncio.sleep(min(self._retry_s * 2 ** min(self._failures - 1, 10), MAX_RETRY_S))
 
     def _answered(self) -> None:
+        self._failures = 0
         if self.lost_since is not None:
             log.warning("watch of %s is back after %.0f s", self.kind, time.time() - self.lost_since)
-        self.lost_since, self._failures = None, 0
+            self.lost_since = None
+            self._reach_changed()
+
+    def _reach_changed(self) -> None:
+        if self._on_reach is not None:
+            try:
+                self._on_reach()
+            except Exception:  # a failing listener must not end the watch
+                log.exception("listener of the %s watch's reach failed", self.kind)
 
     async def _relisted(self) -> None:
         while True:

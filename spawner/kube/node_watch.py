@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 HealthListener = Callable[[str, str | None], None]  # node, why it is out (None: healthy again)
 UsageListener = Callable[[str, dict[str, int]], None]  # node, GPU resource -> units other workloads hold
+ReachListener = Callable[[float | None], None]  # since when the API server is silent (None: it answers)
 
 
 async def connect(kubeconfig: str | None = None) -> client.ApiClient:
@@ -59,10 +60,13 @@ class KubeInventory:
         self.usage: dict[str, dict[str, int]] = {}
         self._health_listeners: list[HealthListener] = []
         self._usage_listeners: list[UsageListener] = []
+        self._reach_listeners: list[ReachListener] = []
+        self._told_since: float | None = None
         self._nodes = Mirror(
             "nodes",
             core.list_node,
             on_change=self._nodes_changed,
+            on_reach=self._reach_changed,
             watch_timeout_s=watch_timeout_s,
             retry_s=retry_s,
         )
@@ -71,6 +75,7 @@ class KubeInventory:
             core.list_pod_for_all_namespaces,
             key=_pod_key,
             on_change=self._pods_changed,
+            on_reach=self._reach_changed,
             watch_timeout_s=watch_timeout_s,
             retry_s=retry_s,
         )
@@ -108,6 +113,11 @@ class KubeInventory:
         """Call ``listener(node, usage)`` when what other workloads hold on a node changes."""
         self._usage_listeners.append(listener)
 
+    def on_reach(self, listener: ReachListener) -> None:
+        """Call ``listener(since)`` when the API server falls silent (``since``: when, wall clock) and with
+        None once every watch has its answers again."""
+        self._reach_listeners.append(listener)
+
     # ---- reading -----------------------------------------------------------------------------------------
 
     def kube_nodes(self) -> list[KubeNode]:
@@ -142,6 +152,17 @@ class KubeInventory:
 
     def _pods_changed(self, touched: list[Obj]) -> None:
         self._judge_usage({_node_of(pod) for pod in touched})
+
+    def _reach_changed(self) -> None:
+        since = self.unreachable_since
+        if since == self._told_since:
+            return
+        self._told_since = since
+        for listener in self._reach_listeners:
+            try:
+                listener(since)
+            except Exception:  # one failing listener must not stop the watches
+                log.exception("inventory listener %r failed for the API server's reach", listener)
 
     # ---- judging -----------------------------------------------------------------------------------------
 

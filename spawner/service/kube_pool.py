@@ -7,6 +7,8 @@ with it by the inventory's watches (:mod:`..kube.node_watch`).
 - **Node health**: a node that is NotReady, cordoned, tainted (other than ``nvidia.com/gpu``) or reconfiguring
   MIG is marked unhealthy through :meth:`.leasing.health.HealthKeeper.node_condition`, the job manager's fault path: nothing new is
   placed there and its jobs are requeued. Ready again, the mark is cleared and queued work admitted.
+- **A silent API server** (a watch of the inventory lost) holds placements (``LeaseManager.hold_placements``):
+  new spawns and jobs queue, saying why, and start once the watches answer again.
 - **Other workloads**: what pods not labelled ``gpupool.io/lease`` hold on a node is held in the pool as
   *outside holdings* (:meth:`.leases.LeaseManager.set_outside_use`): allocations owned by
   ``outside:<node>:<n>``, never stored. The store stays the one record of gpupool's own leases; the outside
@@ -46,6 +48,7 @@ from ..kube.manifests import ManifestError
 from ..kube.node_watch import KubeInventory, connect
 from ..kube.resources import outside_use
 from ..pool.devices import Node
+from ..pool.expected_start import time_of_day
 from ..pool.leases import Lease, LeaseState
 from ..telemetry.samples import Snapshot
 from .jobs.kube_runner import KubeJobRunner
@@ -140,6 +143,15 @@ class ClusterFollower:
         inventory = self.inventory
         return inventory.unreachable_since if inventory is not None else None
 
+    def reach(self, silent_since: float | None) -> None:
+        """Place nothing while the API server is silent: a server's pod or a job's Job placed then could not
+        be made, and the pool could not be seen. Spawns and jobs wait in the queue, saying why."""
+        because = None
+        if silent_since is not None:
+            since = time_of_day(silent_since)
+            because = f"the cluster's API server has not answered since {since}: nothing starts until it does"
+        self.manager.hold_placements(because)
+
     def health(self, name: str, problem: str | None) -> None:
         if name not in self._pooled:
             log.warning("node %s is not in the pool (it joined after start-up): %s", name, problem or "ready")
@@ -169,6 +181,7 @@ class ClusterFollower:
         inventory.usage = {name: dict(held) for name, held in backend.usage.items()}
         inventory.on_health(self.health)
         inventory.on_usage(self.usage)
+        inventory.on_reach(self.reach)
         jobs = self.health_keeper.jobs
         runner = jobs.runner if isinstance(jobs.runner, KubeJobRunner) else None
         try:

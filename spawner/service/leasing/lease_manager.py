@@ -75,6 +75,7 @@ class LeaseManager:
         self._queue = AdmissionQueue()
         self._granted_listeners: list[Callable[[list[Lease]], None]] = []
         self._health_marks: dict[tuple[str, int | None], dict[Health, str]] = {}
+        self._held_because: str | None = None  # see hold_placements
         self.released_at_start = self._restore()
 
     @property
@@ -116,7 +117,7 @@ class LeaseManager:
             if lease_id is not None:
                 new = replace(new, id=lease_id)
             # Never slip past a competing request already waiting at this priority or above.
-            blocked = any(
+            blocked = self._held_because is not None or any(
                 e.priority >= priority and competes(e.request.gpu, request.gpu) for e in self._queue.entries()
             )
             outcome = None if blocked else self._pool.place(request, new.id)
@@ -173,6 +174,8 @@ class LeaseManager:
             return estimate.ends_in_time(entry.request, starts, self._clock())
 
         with self._lock:
+            if self._held_because is not None:
+                return granted
             if len(self._queue) > 1:
                 usage = self.recent_usage()
                 self._queue.reorder(lambda user: usage.get(user, 0.0))
@@ -181,6 +184,20 @@ class LeaseManager:
                 for listener in self._granted_listeners:
                     listener(granted)
         return granted
+
+    def hold_placements(self, because: str | None) -> None:
+        """While ``because`` is set, place nothing: new requests queue and their owners read why, queued ones
+        stay queued, held devices stay held. A Kubernetes API server that stopped answering is such a time:
+        a pod or Job placed then could be neither made nor seen. None places again, admitting what fits."""
+        with self._lock:
+            if because == self._held_because:
+                return
+            self._held_because = because
+        if because is None:
+            log.info("placing again")
+            self.admit()
+        else:
+            log.warning("placing nothing new: %s", because)
 
     def on_granted(self, listener: Callable[[list[Lease]], None]) -> None:
         """Call ``listener`` with the leases each admission pass grants (see the module docstring)."""
@@ -313,7 +330,8 @@ class LeaseManager:
             waiting = [e.request.gpu for e in self._queue.entries()]
             counts = {}
             for key, request in asks.items():
-                blocked = any(competes(need, request.gpu) for need in waiting)
+                held = self._held_because is not None
+                blocked = held or any(competes(need, request.gpu) for need in waiting)
                 counts[key] = (0 if blocked else count_fits(self._pool, request, limit), queued.get(key, 0))
             return counts
 
@@ -337,6 +355,8 @@ class LeaseManager:
                 self.get(lease_id)
                 return None
             said = self._queue.waiting_message(lease_id, self._queue.get(lease_id).description)
+            if self._held_because is not None:  # no estimate holds while nothing is placed
+                return f"{said}; {self._held_because}", None
             start = self.expected_start(lease_id)
             return f"{said}; {estimate.in_words(start, self._clock(), estimate.time_of_day)}", start
 
@@ -355,7 +375,10 @@ class LeaseManager:
             return self._estimate(request, ahead)
 
     def _estimate(self, request: Request, ahead: list[Request]) -> float | None:
-        """The queue played forward: what of ``request``'s kind is free now, then the holders' time limits."""
+        """The queue played forward: what of ``request``'s kind is free now, then the holders' time limits;
+        None while placements are held (see :meth:`hold_placements`)."""
+        if self._held_because is not None:
+            return None
         unit = estimate.unit_of(request)
         free = 0.0 if unit is None else count_fits(self._pool, unit, 64) * estimate.amount(unit.gpu)
         held = estimate.returning_holders(self.store.active(), self._pool.comes_back)
