@@ -161,6 +161,13 @@ def test_as_root_each_users_server_and_jobs_run_as_an_account_of_their_own(start
             assert log.count("Permission denied") == 3, log
             assert log.split()[-1] == str(pwd.getpwnam(account_name("mallory")).pw_uid)
             assert hub.delete("/users/demo/server").status_code in (202, 204)
+
+            # mallory only ever ran jobs; deleting her takes her account and home too, so that a newcomer
+            # let in under her name starts with nothing of hers
+            assert hub.delete("/users/mallory").status_code == 204
+            with pytest.raises(KeyError):
+                pwd.getpwnam(account_name("mallory"))
+            assert not Path(DEFAULT_HOMES, "mallory").exists()
     finally:
         up.stop()
 
