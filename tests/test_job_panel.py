@@ -61,6 +61,12 @@ def test_the_table_lists_newest_first_with_devices_and_queue_place() -> None:
     assert "3g.40gb on H100-80GB #6" in table
 
 
+def test_a_running_job_a_cluster_has_not_started_says_why() -> None:
+    held = "its pod is not scheduled: 0/2 nodes are available: pod has unbound immediate PersistentVolumeClaims"
+    table = jobs_table([_job(held_up=held, devices=[])])
+    assert f"running (not started: {held})" in table
+
+
 def test_names_are_escaped_and_an_empty_list_says_so() -> None:
     assert "&lt;script&gt;" in jobs_table([_job(name="<script>alert(1)</script>")])
     assert "No jobs yet" in jobs_table([])

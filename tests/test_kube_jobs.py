@@ -30,6 +30,7 @@ from kube_cluster import (
 from gpupool.spawner.kube.job_manifests import job_name
 from gpupool.spawner.pool.job_states import Job, JobState
 from gpupool.spawner.pool.leases import LeaseState
+from gpupool.spawner.service.api.job_routes import job_out
 from gpupool.spawner.service.assembly import assemble
 from gpupool.spawner.service.jobs.job_manager import JobManager
 from gpupool.spawner.service.jobs.runner import NoHome
@@ -311,6 +312,49 @@ def test_cancelling_a_running_job_deletes_its_kubernetes_job_and_stops_its_comma
     service.run(scenario)
 
 
+def test_a_job_whose_pod_the_scheduler_cannot_place_says_why_while_it_has_not_started(
+    kube: LocalKube, tmp_path: Path
+) -> None:
+    """A Kubernetes trial: a job whose pod stayed Pending was shown running, with nothing to say why, until
+    its deadline. Here the user's home claim asks for a storage class nothing provisions."""
+    service = Service(kube, tmp_path)
+    kube.request(
+        "POST",
+        f"/api/v1/namespaces/{service.namespace}/persistentvolumeclaims",
+        {
+            "metadata": {"name": "claim-dave"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}},
+                "storageClassName": "no-such-class",
+            },
+        },
+    )
+
+    async def scenario(jobs: JobManager) -> None:
+        def submitted() -> Job | None:
+            with contextlib.suppress(NoHome):  # until the watch has seen the claim
+                return jobs.submit("dave", [], Submission(profile="a100", command=["true"]))[0]
+            return None
+
+        job = await eventually(submitted, "the job accepted once the claim exists")
+
+        def held_up() -> str | None:
+            return job_out(jobs, jobs.get(job.id)).held_up
+
+        said = await eventually(
+            lambda: (held_up() or "").startswith("its pod is not scheduled: ") and held_up(),
+            "the scheduler's reason",
+        )
+        assert "PersistentVolumeClaim" in said, said
+        assert state(jobs, job) is JobState.RUNNING and service.running_pod(job) is None
+        jobs.cancel(job.id, "user dave")
+        await eventually(lambda: state(jobs, job) is JobState.CANCELLED, "the job cancelled")
+        assert job_out(jobs, jobs.get(job.id)).held_up is None
+
+    service.run(scenario)
+
+
 def test_with_kueue_the_job_is_created_suspended_and_no_pod_starts(kube: LocalKube, tmp_path: Path) -> None:
     service = Service(kube, tmp_path, queue="team-a")
 
@@ -328,6 +372,8 @@ def test_with_kueue_the_job_is_created_suspended_and_no_pod_starts(kube: LocalKu
         )
         assert service.pods(job) == []
         assert state(jobs, job) is JobState.RUNNING  # waiting for Kueue is not an end
+        shown = job_out(jobs, jobs.get(job.id))  # what GET jobs/{id} answers
+        assert shown.held_up == "its Job is suspended until Kueue admits it (queue team-a)"
 
     service.run(scenario)
 

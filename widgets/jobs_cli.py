@@ -121,7 +121,10 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _place(model: dict[str, Any]) -> str:
-    """Where a waiting job stands: ``#2 in the queue, expected to start by 14:05 UTC`` ('' once started)."""
+    """Where a job stands before its command runs: ``#2 in the queue, expected to start by 14:05 UTC`` while
+    it waits, ``not started: its pod is not scheduled: …`` while a cluster holds it up ('' once it runs)."""
+    if model.get("held_up"):
+        return f"not started: {model['held_up']}"
     if model.get("position") is None:
         return ""
     start = model.get("expected_start")

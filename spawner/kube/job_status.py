@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .job_manifests import MAIN_CONTAINER
+from .manifests import KUEUE_QUEUE_LABEL
 
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")  # what the Job controller labels pods with
 
@@ -58,3 +59,31 @@ def owner_job(pod: Mapping[str, Any]) -> str | None:
         if label in labels:
             return str(labels[label])
     return None
+
+
+def holdup(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """What still keeps a Job's command from running, in words (a suspended Job, a pod not yet scheduled or
+    waiting for its image or a Secret); None once a pod runs it, or the Job has ended."""
+    if finished_condition(job) is not None:
+        return None
+    if (job.get("spec") or {}).get("suspend"):
+        queue = ((job.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+        return (
+            f"its Job is suspended until Kueue admits it (queue {queue})" if queue else "its Job is suspended"
+        )
+    live = [p for p in pods if (p.get("status") or {}).get("phase") in (None, "Pending", "Running")]
+    if not live:
+        return "its Job has no pod yet"
+    newest = max(live, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp")))
+    status = newest.get("status") or {}
+    if status.get("phase") == "Running":
+        return None
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return f"its pod is not scheduled: {condition.get('message') or condition.get('reason')}"
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (container.get("state") or {}).get("waiting")
+        if waiting:
+            why = ": ".join(str(w) for w in (waiting.get("reason"), waiting.get("message")) if w)
+            return f"its pod is waiting: {why or 'starting'}"
+    return "its pod is starting"

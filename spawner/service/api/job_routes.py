@@ -40,10 +40,12 @@ def _out(jobs: JobManager, job_id: str) -> JobOut:
 
 
 def job_out(jobs: JobManager, job: Job) -> JobOut:
-    """The job as the API shows it: with its lease's devices, or while it waits its place and expected start."""
+    """The job as the API shows it: with its lease's devices (and what holds up its start on a cluster), or
+    while it waits its place and expected start."""
     position = jobs.position(job)
     start = jobs.leases.expected_start(job.lease_id) if position is not None and job.lease_id else None
-    return JobOut.from_job(job, jobs.lease_of(job), position, start)
+    held_up = jobs.runner.holdup(job) if job.state is JobState.RUNNING else None
+    return JobOut.from_job(job, jobs.lease_of(job), position, start, held_up)
 
 
 def _visible(jobs: JobManager, caller: Caller, job_id: str) -> str:

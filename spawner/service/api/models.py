@@ -351,6 +351,11 @@ class JobOut(BaseModel):
         default=None,
         description="while waiting: when it can expect to start (epoch seconds); null when unknown",
     )
+    held_up: str | None = Field(
+        default=None,
+        description="while running: what still keeps its command from starting (a pod not yet scheduled, a "
+        "Job waiting for Kueue); null once it runs",
+    )
     checkpoint_dir: str
     log_path: str
     exit_code: int | None
@@ -364,7 +369,12 @@ class JobOut(BaseModel):
 
     @classmethod
     def from_job(
-        cls, job: Job, lease: Lease | None, position: int | None, expected_start: float | None = None
+        cls,
+        job: Job,
+        lease: Lease | None,
+        position: int | None,
+        expected_start: float | None = None,
+        held_up: str | None = None,
     ) -> JobOut:
         held = lease is not None and lease.state.value == "granted" and job.state.value == "running"
         return cls(
@@ -388,6 +398,7 @@ class JobOut(BaseModel):
             visible_devices=lease.visible_devices if lease is not None and held else "",
             position=position,
             expected_start=expected_start,
+            held_up=held_up,
             checkpoint_dir=checkpoint_dir(job.job_dir),
             log_path=f"{job.job_dir}/output.log",
             exit_code=job.exit_code,

@@ -49,7 +49,14 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ...kube.job_manifests import MAIN_CONTAINER, JobSettings, home_claim_name, job_name, training_job
-from ...kube.job_status import disrupted_pod, finished_condition, main_exit_code, owner_job, true_condition
+from ...kube.job_status import (
+    disrupted_pod,
+    finished_condition,
+    holdup,
+    main_exit_code,
+    owner_job,
+    true_condition,
+)
 from ...kube.labels import SHARED_RESOURCE
 from ...kube.manifests import COMPONENT_LABEL, MANAGED_BY, JsonDict, ManifestError
 from ...kube.mirror import Mirror, Obj
@@ -252,6 +259,13 @@ class KubeJobRunner:
             return b""
         self._logs.move_to_end(job.id)
         return cached[1][offset : offset + limit]
+
+    def holdup(self, job: Job) -> str | None:
+        name = job_name(job.id, job.attempts)
+        if name in self._creating:
+            return "its Job is being created"
+        found = self.jobs.objects.get(name) if self.jobs is not None else None
+        return None if found is None else holdup(found, self._pods_of(name))
 
     def reap(self) -> None:
         pass  # the Job controller and the garbage collector clean up after pods

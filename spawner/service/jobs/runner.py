@@ -127,6 +127,10 @@ class JobRunner(Protocol):
         """Up to ``limit`` bytes of the job's output from ``offset``; empty when there is none (yet)."""
         ...
 
+    def holdup(self, job: Job) -> str | None:
+        """While a running job's command has not started (a pod not yet scheduled): why, in words."""
+        ...
+
     def reap(self) -> None:
         """Called at every supervision step, for housekeeping."""
         ...
@@ -217,6 +221,9 @@ class LocalRunner:
         if uid is None and os.geteuid() == 0:
             return b""  # no account to check the file's owner against: read nothing as root
         return processes.read_log(job.job_dir, uid, offset, limit)
+
+    def holdup(self, job: Job) -> None:
+        return None  # a local run is its process, started at launch
 
     def reap(self) -> None:
         for process in list(self._processes.values()):
