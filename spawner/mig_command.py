@@ -30,6 +30,12 @@ def add_mig_advise(mig_commands: Any) -> None:
     advise.add_argument("--trace", metavar="PODS.csv", help="a pod list like openb_pod_list_default.csv")
     advise.add_argument("--pool", metavar="FILE", help="with --trace: a pool file (default: as gpupool pool)")
     advise.add_argument(
+        "--profiles",
+        metavar="FILE",
+        help="with --trace: the hub's profiles file; each MIG profile in it keeps a slice to start on (default: "
+        "the shipped example, as the service's)",
+    )
+    advise.add_argument(
         "--load",
         type=positive,
         help="with --trace: a trace asking more is shrunk to LOAD × the MIG GPUs' capacity, keeping its mix "
@@ -99,7 +105,7 @@ def _refuse_mixed_sources(args: argparse.Namespace) -> None:
     ``--token``, ``--state-dir``), never both: an option of the other source would be ignored, so it is
     refused in one line naming it."""
     if args.trace is None:
-        for flag, value in (("--pool", args.pool), ("--load", args.load)):
+        for flag, value in (("--pool", args.pool), ("--load", args.load), ("--profiles", args.profiles)):
             if value is not None:
                 _fail(
                     f"{flag} goes with --trace; without --trace the advice is the live service's, on its own "
@@ -121,11 +127,13 @@ def _refuse_mixed_sources(args: argparse.Namespace) -> None:
 def _from_trace(args: argparse.Namespace) -> dict[str, Any]:
     from .backends.discovery import discover_pool
     from .bench.trace import load_pods
+    from .files.profiles_file import EXAMPLE_PROFILES, load_profiles
     from .mig_report import describe_advice
-    from .pool.mig_advice import advise, demand_of, mig_gpus, scaled_demand
+    from .pool.mig_advice import advise, demand_of, mig_gpus, offered_asks, scaled_demand
 
     load = 1.0 if args.load is None else args.load
     pods = load_pods(args.trace)  # a missing or bad trace fails before the pool is looked for
+    profiles = load_profiles(args.profiles or EXAMPLE_PROFILES)
     found = discover_pool(args.pool)
     if found.note:
         print(f"gpupool: {found.note}", file=sys.stderr)
@@ -138,7 +146,8 @@ def _from_trace(args: argparse.Namespace) -> dict[str, Any]:
             f" ({observed.total()} asks shrunk to {demand.total()}, {load:g} × the capacity of the "
             f"{len(gpus)} MIG GPUs, keeping their mix)"
         )
-    return describe_advice(advise(gpus, demand), source)
+    keep = offered_asks((profile.request() for profile in profiles), gpus)
+    return describe_advice(advise(gpus, demand, keep), source)
 
 
 def _from_service(args: argparse.Namespace) -> dict[str, Any]:

@@ -72,6 +72,7 @@ def describe_advice(advice: Advice, source: str) -> dict[str, Any]:
         "source": source,
         "demand": [{"ask": ask.label, "count": n, "servable": bool(ask.serves)} for ask, n in advice.demand],
         "unservable": advice.unservable,
+        "kept": list(advice.kept),
         "gpus": [_gpu(g) for g in advice.gpus],
         "before": advice.before.as_dict(),
         "after": advice.after.as_dict(),
@@ -113,6 +114,8 @@ def render_advice(description: dict[str, Any]) -> str:
     ]
     if description["unservable"]:
         lines.append(f"  {description['unservable']} ask(s) no layout of these GPUs can serve")
+    if description.get("kept"):
+        lines.append(f"  kept a slice for each profile offered: {', '.join(description['kept'])}")
     for gpu in gpus:
         advised = layout_text_of(gpu["advised"]) if gpu["changed"] else "unchanged"
         lines.append(
@@ -180,9 +183,11 @@ def advice_html(description: dict[str, Any]) -> str:
         f"<tr><td>{e(what)}</td><td>{e(now)}</td><td>{e(then)}</td></tr>"
         for what, now, then in figures_rows(description)
     )
+    kept = description.get("kept")
+    kept_text = f" A slice is kept for each profile offered ({e(', '.join(kept))})." if kept else ""
     return (
-        f"<p>From {e(description['source'])}, replayed with every ask at once. Advice only: gpupool never "
-        "changes a MIG layout; apply it with the GPU Operator's MIG Manager, each GPU emptied first.</p>"
+        f"<p>From {e(description['source'])}, replayed with every ask at once.{kept_text} Advice only: gpupool "
+        "never changes a MIG layout; apply it with the GPU Operator's MIG Manager, each GPU emptied first.</p>"
         + table
         + f'<table class="mig-figures"><tr><th></th><th>now</th><th>advised</th></tr>{figures}</table>'
         + f"<details><summary>mig-parted config</summary><pre>{e(description['mig_parted'])}</pre></details>"

@@ -22,6 +22,7 @@ from gpupool.spawner.cli import main
 from gpupool.spawner.client.connection import Connection
 from gpupool.spawner.mig_report import describe_advice, mig_parted_config, pool_fragment, render_advice
 from gpupool.spawner.pool import mig
+from gpupool.spawner.pool.devices import Health
 from gpupool.spawner.pool.mig import largest_first
 from gpupool.spawner.pool.mig_advice import Ask, MigGpu, advise, ask_for, demand_of, mig_gpus, scaled_demand
 from gpupool.spawner.pool.mig_layouts import candidate_layouts
@@ -76,6 +77,41 @@ def test_the_advice_never_serves_less_than_the_current_layouts_on_their_own_dema
     assert advice.after.key() >= advice.before.key()
     for gpu in advice.gpus:  # every advised layout is legal on its GPU's product
         assert mig.layout_problem(mig.geometry(gpu.gpu.product), gpu.advised) is None
+
+
+@given(situations(), st.data())
+@settings(max_examples=60, deadline=None)
+def test_a_profile_the_hub_offers_keeps_a_slice_to_start_on_whatever_the_demand(
+    situation: tuple[list[MigGpu], Counter[Ask]], data: st.DataObject
+) -> None:
+    gpus, demand = situation
+    product = data.draw(st.sampled_from(PRODUCTS))
+    offered = [
+        _ask(product, name) for name in data.draw(st.sets(st.sampled_from(PROFILES[product]), max_size=3))
+    ]
+    advice = advise(gpus, demand, keep=offered)
+    now = Counter((g.product, p.profile) for g in gpus for p in g.layout)
+    advised = Counter((g.gpu.product, p.profile) for g in advice.gpus for p in g.advised)
+    for ask in offered:
+        if any(now[slot] for slot in ask.serves):
+            assert any(advised[slot] for slot in ask.serves), (ask.label, advice.gpus)
+    assert (advice.after.served_units, advice.after.served) >= (
+        advice.before.served_units,
+        advice.before.served,
+    )
+
+
+def test_advice_for_a_demand_of_small_slices_keeps_the_only_large_one_an_offered_profile_needs() -> None:
+    """Stop 32's trial: the advice turned the only 3g.40gb into 1g slices, for fewer stranded slices alone,
+    though the spawn form offers "MIG 3g.40gb", which then could never start."""
+    h100 = mig.geometry("H100-80GB")
+    gpus = _gpus([("H100-80GB", mig.fit(h100, ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]) or ())])
+    demand = Counter({_ask("H100-80GB", "1g.10gb"): 5})
+    unkept = advise(gpus, demand)
+    assert "3g.40gb" not in [p.profile for p in unkept.gpus[0].advised]  # what the search alone would do
+    kept = advise(gpus, demand, keep=[_ask("H100-80GB", "3g.40gb")])
+    assert "3g.40gb" in [p.profile for p in kept.gpus[0].advised] and kept.kept == ("3g.40gb",)
+    assert kept.before.served < kept.after.served <= unkept.after.served  # still more than now
 
 
 def test_a_demand_the_current_layouts_fit_exactly_changes_nothing() -> None:
@@ -168,7 +204,9 @@ def test_the_cli_advises_from_the_committed_sample(capsys: pytest.CaptureFixture
     out = capsys.readouterr().out
     assert "(100 asks shrunk to 3, 1 × the capacity of the 2 MIG GPUs, keeping their mix)" in out
     assert "demand (MIG slices asked for): 7g.80gb ×1, 4g.40gb ×1, 3g.40gb ×1" in out
-    assert "GPU-equivalents served: 0.43 of 2 → 2 of 2" in out and "asks waiting: 2 → 0" in out
+    # the demo's profiles offer 1g.10gb and 3g.40gb: each keeps a slice, so the 4g ask still waits
+    assert "kept a slice for each profile offered: 1g.10gb, 3g.40gb" in out
+    assert "GPU-equivalents served: 0.43 of 2 → 1.43 of 2" in out and "asks waiting: 2 → 1" in out
     assert "gpupool never changes a MIG layout" in out and "version: v1" in out and "mig:" in out
     assert "2 GPU(s) on 1 node(s) to change" in out and "NODE" not in out
     assert "  kubectl label node dgx-h100-01 nvidia.com/mig.config=gpupool-dgx-h100-01 --overwrite\n" in out
@@ -248,6 +286,17 @@ def test_admins_get_the_live_advice_and_anyone_else_a_403(tmp_path: Path, hub_ap
     assert data["demand"] == [{"ask": "3g.40gb", "count": 1, "servable": True}]
     assert data["before"]["served"] == data["after"]["served"] == 1
     assert {(g["node"], g["index"]) for g in data["gpus"]} == {("dgx-h100-01", 6), ("dgx-h100-01", 7)}
+
+
+def test_a_drained_or_unhealthy_mig_gpu_is_left_out_of_the_advice(tmp_path: Path, hub_api: str) -> None:
+    service = Service(tmp_path, hub_api)
+    service.manager.set_health("dgx-h100-01", Health.DRAINED, 7, "maintenance")
+    with Client(service.app) as client:
+        data = client.get("api/v1/admin/mig-advice", "admin-token").json()
+    assert {(g["node"], g["index"]) for g in data["gpus"]} == {("dgx-h100-01", 6)}
+    node = {"name": "n", "cpu": 8, "memory": "64GiB", "gpus": {"product": "H100-80GB", "count": 2}}
+    pool = {"nodes": [node | {"mig": {0: ["7g.80gb"], 1: ["7g.80gb"]}, "unhealthy": [0]}]}
+    assert [gpu.index for gpu in mig_gpus(parse_pool(pool, "a pool file"))] == [1]
 
 
 def test_the_admin_dashboard_shows_mig_advice_and_a_users_page_does_not(tmp_path: Path, hub_api: str) -> None:

@@ -11,7 +11,9 @@ more GPU-equivalents served, then more asks, then fewer slices left free while a
 The search (:func:`advise`) starts from the current layouts and from a greedy build, and changes one GPU's
 layout at a time while that strictly improves the replay; the current layouts are a candidate, so the advice
 never serves less than they do on the same demand. Only the mix of layouts per product matters to the replay,
-so a GPU keeps its layout when the mix still holds it.
+so a GPU keeps its layout when the mix still holds it. A profile the hub offers keeps a slice that serves it,
+where the current layouts have one, whatever the demand seen: no advice makes an offered profile unstartable.
+GPUs out of service (unhealthy or drained) are left as they are and out of the advice.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .devices import GpuMode, Node
+from .devices import GpuMode, Health, Node
 from .mig import GEOMETRIES, Placement, geometry, largest_first, profile_compute_slices, profile_memory_gb
 from .mig_layouts import Combo, candidate_layouts, covering_profile, placements_for
 from .requests import GpuShare, MigSlice, Request
@@ -52,7 +54,8 @@ class Ask:
 
 
 def mig_gpus(nodes: Iterable[Node]) -> list[MigGpu]:
-    """Every GPU in MIG mode (of a product whose MIG geometry gpupool knows), in node and index order."""
+    """Every healthy GPU in MIG mode (of a product whose MIG geometry gpupool knows) on a healthy node, in
+    node and index order."""
     return [
         MigGpu(
             node.name,
@@ -61,8 +64,9 @@ def mig_gpus(nodes: Iterable[Node]) -> list[MigGpu]:
             tuple(sorted(Placement(m.start, m.profile) for m in gpu.mig_instances)),
         )
         for node in nodes
+        if node.health is Health.HEALTHY
         for gpu in node.gpus
-        if gpu.mode is GpuMode.MIG and gpu.product in GEOMETRIES
+        if gpu.mode is GpuMode.MIG and gpu.product in GEOMETRIES and gpu.health is Health.HEALTHY
     ]
 
 
@@ -216,6 +220,7 @@ class Advice:
     demand: tuple[tuple[Ask, int], ...]
     before: Replay
     after: Replay
+    kept: tuple[str, ...] = ()  # the offered profiles that keep a slice to start on
 
     @property
     def unservable(self) -> int:
@@ -228,7 +233,7 @@ Mix = dict[str, Counter[Combo]]
 
 
 class _Search:
-    def __init__(self, gpus: Sequence[MigGpu], demand: Mapping[Ask, int]) -> None:
+    def __init__(self, gpus: Sequence[MigGpu], demand: Mapping[Ask, int], keep: Iterable[Ask] = ()) -> None:
         self.demand = dict(demand)
         wanted = {slot for ask in demand for slot in ask.serves}
         self.current: Mix = {}
@@ -242,19 +247,23 @@ class _Search:
                 if all("+" not in name or (product, name) in wanted for name in c)
             ]  # a media-extension slice nobody asks for serves less than the plain 1g it displaces
             self.choices[product] = list(dict.fromkeys([*combos, *stock]))
+        now = _instances(self.current)
+        # the slices each offered profile can start on, where the current layouts have one
+        self.kept = {a.label: frozenset(a.serves) for a in keep if any(now[slot] for slot in a.serves)}
 
     def score(self, mix: Mix) -> Replay:
-        instances: Counter[Slot] = Counter()
-        for product, combos in mix.items():
-            for combo, count in combos.items():
-                for name in combo:
-                    instances[(product, name)] += count
-        return replay(instances, self.demand)
+        return replay(_instances(mix), self.demand)
+
+    def key(self, mix: Mix) -> tuple[bool, int, int, int]:
+        """Higher is better: a mix that keeps a slice for each offered profile, then its replay's key."""
+        instances = _instances(mix)
+        keeps = all(any(instances[slot] for slot in slots) for slots in self.kept.values())
+        return (keeps, *replay(instances, self.demand).key())
 
     def climb(self, mix: Mix) -> Mix:
         """Change one GPU's layout at a time, the best strict improvement each step, until none is left."""
         mix = {product: Counter(combos) for product, combos in mix.items()}
-        best = self.score(mix).key()
+        best = self.key(mix)
         while True:
             move, gain = None, best
             for product, combos in mix.items():
@@ -264,7 +273,7 @@ class _Search:
                             continue
                         combos[old] -= 1
                         combos[new] += 1
-                        key = self.score(mix).key()
+                        key = self.key(mix)
                         combos[new] -= 1
                         combos[old] += 1
                         if key > gain:
@@ -282,10 +291,10 @@ class _Search:
         for product, combos in self.current.items():
             for _ in range(sum(combos.values())):
                 chosen = mix[product]
-                best: tuple[tuple[int, int, int], Combo] | None = None
+                best: tuple[tuple[bool, int, int, int], Combo] | None = None
                 for combo in self.choices[product]:
                     chosen[combo] += 1
-                    key = self.score(mix).key()
+                    key = self.key(mix)
                     chosen[combo] -= 1
                     if best is None or key > best[0]:
                         best = (key, combo)
@@ -297,17 +306,34 @@ class _Search:
         return sum((self.current[p] - mix[p]).total() for p in self.current)
 
 
-def advise(gpus: Sequence[MigGpu], demand: Mapping[Ask, int]) -> Advice:
-    """The layouts that serve ``demand`` best (see the module's docstring), never worse than the current ones."""
-    search = _Search(gpus, demand)
+def advise(gpus: Sequence[MigGpu], demand: Mapping[Ask, int], keep: Iterable[Ask] = ()) -> Advice:
+    """The layouts that serve ``demand`` best (see the module's docstring), never worse than the current ones;
+    ``keep``: the asks of the profiles the hub offers, each left a slice to start on."""
+    search = _Search(gpus, demand, keep)
     mixes = [search.current, search.climb(search.current), search.climb(search.greedy())]
-    best = max(mixes, key=lambda m: (search.score(m).key(), -search.changes(m)))
+    best = max(mixes, key=lambda m: (search.key(m), -search.changes(m)))
     return Advice(
         gpus=_assign(gpus, best),
         demand=tuple(sorted(demand.items(), key=lambda item: (-item[0].units, item[0].label))),
         before=search.score(search.current),
         after=search.score(best),
+        kept=tuple(sorted(search.kept)),
     )
+
+
+def _instances(mix: Mix) -> Counter[Slot]:
+    instances: Counter[Slot] = Counter()
+    for product, combos in mix.items():
+        for combo, count in combos.items():
+            for name in combo:
+                instances[(product, name)] += count
+    return instances
+
+
+def offered_asks(requests: Iterable[Request], gpus: Sequence[MigGpu]) -> list[Ask]:
+    """The asks of the MIG profiles offered (``requests``: each profile's request) on these GPUs' products."""
+    products = {gpu.product for gpu in gpus}
+    return [a for r in requests if isinstance(r.gpu, MigSlice) and (a := ask_for(r, products)) is not None]
 
 
 def _assign(gpus: Sequence[MigGpu], mix: Mix) -> tuple[GpuAdvice, ...]:

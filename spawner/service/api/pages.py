@@ -309,7 +309,7 @@ def _mig_section(parts: ServiceParts, view: _View) -> str:
     """MIG layouts advised from the leases and the queue (admins only; none when no GPU is in MIG mode)."""
     if not any(gpu["mode"] == "mig" for node in view.pool["nodes"] for gpu in node["gpus"]):
         return ""
-    description = describe_advice(live_advice(parts.manager), LIVE_SOURCE)
+    description = describe_advice(live_advice(parts.manager, parts.profiles), LIVE_SOURCE)
     return section("MIG advice", advice_html(description), "mig-advice")
 
 
