@@ -25,7 +25,8 @@ from ..jobs.submission import InvalidJob, Submission, SubmissionConflict, TooMan
 from ..store.job_store import JobNotFound
 from .auth import Caller
 from .context import CallerDep, PartsDep
-from .models import JobOut, JobRequest, Problem
+from .job_models import JobOut, JobRequest
+from .models import Problem
 
 _STREAM_POLL = 0.2  # seconds between looks at a followed log
 # A followed log may stream for days: its token is asked of the hub afresh this often, and a token the hub

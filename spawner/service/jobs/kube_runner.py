@@ -13,12 +13,7 @@ awaits there: two :class:`..kube.mirror.Mirror` watches (gpupool's training Jobs
 cluster's view, creates and deletes run as tasks on the event loop, and a create's answer goes into the cache
 at once. Until the first list has arrived, every run counts as alive (nothing is judged on an empty cache).
 
-**How a run ended** (:func:`job_outcome`): the Job's ``Complete`` condition is exit status 0; ``Failed`` with
-reason ``DeadlineExceeded`` is a timeout; ``Failed`` otherwise (the failure policy's ``FailJob`` on the main
-container's non-zero exit, or ``BackoffLimitExceeded``) is a failure with the main container's exit code. A
-pod that failed with the ``DisruptionTarget`` condition (preemption, eviction, a drained or lost node) is a
-lost run: the Job is deleted and the manager requeues the job. A Job that vanished without gpupool deleting
-it is a lost run too: the user's command did nothing wrong.
+**How a run ended** is :func:`.kube_outcome.job_outcome`'s to say, from the Job and its pods.
 
 **Stopping** (cancel, timeout, a fault or drain): the Job is deleted with ``propagationPolicy: Foreground``
 and the grace period, so the kubelet sends SIGTERM and waits ``terminationGracePeriodSeconds``; the forced
@@ -49,14 +44,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ...kube.job_manifests import MAIN_CONTAINER, JobSettings, home_claim_name, job_name, training_job
-from ...kube.job_status import (
-    disrupted_pod,
-    finished_condition,
-    holdup,
-    main_exit_code,
-    owner_job,
-    true_condition,
-)
+from ...kube.job_status import disrupted_pod, finished_condition, holdup, owner_job
 from ...kube.labels import SHARED_RESOURCE
 from ...kube.manifests import COMPONENT_LABEL, MANAGED_BY, JsonDict, ManifestError
 from ...kube.mirror import Mirror, Obj
@@ -64,6 +52,7 @@ from ...kube.resources import NotOnNode, kube_grant
 from ...pool.devices import Node
 from ...pool.job_states import Job
 from ...pool.leases import Lease
+from .kube_outcome import job_outcome
 from .processes import Identity
 from .runner import Launched, LaunchError, NoHome, Outcome
 
@@ -380,36 +369,6 @@ class KubeJobRunner:
                 log.warning("reading the log of Job %s failed: %s", name, _api_error(error))
         finally:
             self._log_reads.discard(job_id)
-
-
-# ---- how a run ended (pure) ---------------------------------------------------------------------
-
-
-def job_outcome(job: Mapping[str, Any], pods: list[Obj]) -> Outcome:
-    """How the attempt a Job ran ended (see the module docstring for the mapping)."""
-    condition = finished_condition(job)
-    reason = str((condition or {}).get("reason") or "")
-    message = str((condition or {}).get("message") or "")
-    if condition is not None and condition.get("type") == "Complete":
-        return Outcome(0)
-    if condition is not None and reason == "DeadlineExceeded":
-        deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
-        return Outcome(
-            main_exit_code(pods),
-            timed_out=f"ran past its maximum runtime of {deadline} s (the Job's activeDeadlineSeconds)",
-        )
-    code = main_exit_code(pods)
-    if condition is not None and code is not None:
-        return Outcome(code)
-    disrupted = disrupted_pod(pods)
-    if disrupted is not None:
-        why = true_condition(disrupted.get("status") or {}, "DisruptionTarget") or {}
-        node = (disrupted.get("spec") or {}).get("nodeName") or "its node"
-        said = ": ".join(str(part) for part in (why.get("reason"), why.get("message")) if part)
-        return Outcome(None, lost=f"its pod {_name(disrupted)} on {node} was disrupted ({said or 'evicted'})")
-    if condition is not None:
-        return Outcome(None, reason=f"its Kubernetes Job failed ({reason}: {message})".replace(": )", ")"))
-    return Outcome(None, lost="its Kubernetes Job stopped running without saying how")
 
 
 def _name(obj: Mapping[str, Any]) -> str:

@@ -34,16 +34,14 @@ from ...pool.leases import Lease, LeaseState, NewLease, OwnerKind
 from ...pool.policies import PlacementPolicy
 from ...pool.queue import AdmissionQueue, QueuedRequest, competes
 from ...pool.quotas import QuotaPolicy
-from ...pool.requests import Request, describe
-from ...pool.state import Allocation, CannotRestore, OutsideUse, PoolState
+from ...pool.requests import Request
+from ...pool.state import Allocation, OutsideUse, PoolState
 from ...pool.trial import count_fits
 from ..store.lease_store import LeaseNotFound, LeaseStore
-from .recorded import recorded_option
+from .recorded import queue_entry, restore_leases
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-DEVICES_GONE = "devices gone"
 
 
 class NeverFits(ValueError):
@@ -76,7 +74,8 @@ class LeaseManager:
         self._granted_listeners: list[Callable[[list[Lease]], None]] = []
         self._health_marks: dict[tuple[str, int | None], dict[Health, str]] = {}
         self._held_because: str | None = None  # see hold_placements
-        self.released_at_start = self._restore()
+        self.released_at_start = restore_leases(self.store, self._pool, self._queue, self._clock)
+        self.admit()  # the pool may have grown while the service was down
 
     @property
     def pool(self) -> PoolState:
@@ -136,7 +135,7 @@ class LeaseManager:
                 raise NeverFits(reason)
             self.refusals["queued"] += 1
             lease = self.store.add_queued(new)
-            self._queue.add(entry := _entry(lease))
+            self._queue.add(entry := queue_entry(lease))
             if entry.backfills:  # it may start now if it ends before those it would pass can start
                 self.admit()
             return self._with_position(self.store.get(lease.id) or lease)
@@ -387,36 +386,8 @@ class LeaseManager:
     def _with_position(self, lease: Lease) -> Lease:
         return replace(lease, position=self._queue.position(lease.id)) if lease.id in self._queue else lease
 
-    # ---- restoring after a restart ----------------------------------------------------------------------
-
-    def _restore(self) -> tuple[Lease, ...]:
-        gone: list[Lease] = []
-        for lease in self.store.active():
-            if lease.state is LeaseState.QUEUED:
-                self._queue.add(_entry(lease))  # arrival order, so ties keep their order too
-                continue
-            try:
-                self._pool.restore(
-                    lease.id, lease.request, lease.node or "", recorded_option(self._pool, lease)
-                )
-            except CannotRestore as error:
-                released = self.store.mark_released(lease.id, f"{DEVICES_GONE}: {error}", self._clock())
-                log.warning("lease %s of %s released at start-up: %s", lease.id, lease.user, error)
-                gone.append(released)
-        self.admit()  # the pool may have grown while the service was down
-        return tuple(gone)
-
 
 def _effective(marks: Mapping[Health, str]) -> Health:
     if Health.UNHEALTHY in marks:
         return Health.UNHEALTHY
     return Health.DRAINED if Health.DRAINED in marks else Health.HEALTHY
-
-
-def _entry(lease: Lease) -> QueuedRequest:
-    request = lease.request
-    backfills = lease.owner_kind == "job" and request.seconds is not None  # a job's max_runtime is enforced
-    return QueuedRequest(
-        *(lease.id, lease.id, lease.user, request, lease.priority, lease.created_at, describe(request)),
-        backfills,
-    )

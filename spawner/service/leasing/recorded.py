@@ -1,10 +1,50 @@
-"""Where a stored lease's devices sit on the pool's nodes, for restoring it after a restart."""
+"""Restoring the store's leases after a restart: granted ones at exactly their recorded devices, queued ones
+back in the queue in their order."""
 
 from __future__ import annotations
 
-from ...pool.leases import Lease
+import logging
+from collections.abc import Callable
+
+from ...pool.leases import Lease, LeaseState
 from ...pool.node_state import Option
+from ...pool.queue import AdmissionQueue, QueuedRequest
+from ...pool.requests import describe
 from ...pool.state import CannotRestore, PoolState
+from ..store.lease_store import LeaseStore
+
+log = logging.getLogger(__name__)
+
+DEVICES_GONE = "devices gone"
+
+
+def restore_leases(
+    store: LeaseStore, pool: PoolState, queue: AdmissionQueue, clock: Callable[[], float]
+) -> tuple[Lease, ...]:
+    """Put every active lease of ``store`` back in ``pool`` or ``queue``; the leases whose devices the pool no
+    longer has, released now with reason "devices gone: …"."""
+    gone: list[Lease] = []
+    for lease in store.active():
+        if lease.state is LeaseState.QUEUED:
+            queue.add(queue_entry(lease))  # arrival order, so ties keep their order too
+            continue
+        try:
+            pool.restore(lease.id, lease.request, lease.node or "", recorded_option(pool, lease))
+        except CannotRestore as error:
+            released = store.mark_released(lease.id, f"{DEVICES_GONE}: {error}", clock())
+            log.warning("lease %s of %s released at start-up: %s", lease.id, lease.user, error)
+            gone.append(released)
+    return tuple(gone)
+
+
+def queue_entry(lease: Lease) -> QueuedRequest:
+    """The queue's entry for a queued lease; a job's may backfill, since its max_runtime is enforced."""
+    request = lease.request
+    backfills = lease.owner_kind == "job" and request.seconds is not None
+    return QueuedRequest(
+        *(lease.id, lease.id, lease.user, request, lease.priority, lease.created_at, describe(request)),
+        backfills,
+    )
 
 
 def recorded_option(pool: PoolState, lease: Lease) -> Option:
