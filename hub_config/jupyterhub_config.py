@@ -19,11 +19,21 @@ from pathlib import Path
 from gpupool.spawner.hub.compat import service_start_timeout
 from gpupool.spawner.hub.up import CULLER_SCOPES, culler_command, read_or_create_secret, templates
 from gpupool.spawner.hub.up_checks import require_real_pool
+from gpupool.spawner.hub.up_running import HUB_PID_FILE, running_hub
 from gpupool.spawner.orphans import parent_environment
+from gpupool.spawner.service.settings import passed_on
 
 c = get_config()  # type: ignore[name-defined]  # noqa: F821  (JupyterHub provides it)
 
 STATE = Path.cwd()  # databases, cookie secret and tokens live beside each other, readable by root only
+# One hub per state folder: a second one would stop the running hub's proxy (its pid file says where) and
+# leave port 8000 dead until the first one noticed.
+if (HUB_PID := running_hub(STATE)) is not None:
+    sys.exit(
+        f"gpupool: a hub already runs from {STATE} (pid {HUB_PID}): stop it first "
+        f"(systemctl stop gpupool, or kill {HUB_PID})"
+    )
+c.JupyterHub.pid_file = str(STATE / HUB_PID_FILE)
 PROFILES = os.environ.get("GPUPOOL_PROFILES", "/etc/gpupool/profiles.yaml")  # EDIT
 QUOTAS = os.environ.get("GPUPOOL_QUOTAS", "/etc/gpupool/quotas.yaml")  # EDIT (see quotas.yaml)
 ADMINS = {"root"}  # EDIT: who administers the hub and sees every lease
@@ -32,11 +42,8 @@ USERS_GROUP = "gpu-users"  # EDIT: the system group whose members may log in
 # --- The pool is this host's GPUs ------------------------------------------------------------------------------
 # Checked first: with no NVIDIA driver or no GPUs the hub stops here, non-zero, with NVML's error, rather than
 # start and fail every spawn. GPUPOOL_POOL (a pool file) or GPUPOOL_SIMULATED_FALLBACK=1 in the hub's environment
-# serve a simulated pool on purpose, for a trial; they are passed on to the service below.
+# serve a simulated pool on purpose, for a trial; the service gets them with its other settings below.
 require_real_pool()
-SIMULATION = {
-    key: os.environ[key] for key in ("GPUPOOL_POOL", "GPUPOOL_SIMULATED_FALLBACK") if key in os.environ
-}
 
 # --- Network -------------------------------------------------------------------------------------------------
 # Users reach only the proxy. The hub and the gpupool service listen on loopback: nothing else needs them.
@@ -93,9 +100,11 @@ c.JupyterHub.services = [
             "GPUPOOL_POLICY": "gpupool",  # placement: gpupool (default), fgd, best-fit, spread, first-fit
             "GPUPOOL_STOP_UNLEASED": "1",  # stop a server holding no lease, confirmed by two passes a minute apart
             "GPUPOOL_SYSTEM_GROUPS": "1",  # a job's profile and quota count the user's system groups too
-            **SIMULATION,
-            # EDIT for PostgreSQL, e.g. "postgresql+psycopg://gpupool@db.example.org/gpupool"
             "GPUPOOL_DB_URL": f"sqlite:///{STATE / 'gpupool.sqlite'}",
+            # Any setting of the service's in /etc/gpupool/environment (root's alone) wins over those above,
+            # e.g. GPUPOOL_DB_URL=postgresql+psycopg://gpupool:PASSWORD@db.example.org/gpupool: a password
+            # there is not in this file, which every account can read.
+            **passed_on(os.environ),
             **parent_environment(),  # a hub killed with -9 takes the service along, even mid-start
         },
         "cwd": str(STATE),

@@ -62,7 +62,9 @@ def test_the_table_lists_newest_first_with_devices_and_queue_place() -> None:
 
 
 def test_a_running_job_a_cluster_has_not_started_says_why() -> None:
-    held = "its pod is not scheduled: 0/2 nodes are available: pod has unbound immediate PersistentVolumeClaims"
+    held = (
+        "its pod is not scheduled: 0/2 nodes are available: pod has unbound immediate PersistentVolumeClaims"
+    )
     table = jobs_table([_job(held_up=held, devices=[])])
     assert f"running (not started: {held})" in table
 

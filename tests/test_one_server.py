@@ -117,6 +117,10 @@ def test_install_log_in_with_pam_run_a_mig_server_and_a_job_restart_the_hub_and_
 ) -> None:
     hub = installed
     assert LAYOUT.unit.read_text().count(f"ExecStart={LAYOUT.launcher}") == 1
+    # a lab trial's settings in the environment file (a database URL with its password, root's alone) never
+    # reached the service: the hub hands the service its own settings and little else
+    environment, store = LAYOUT.config / "environment", LAYOUT.state / "leases-from-the-environment.sqlite"
+    environment.write_text(f"{environment.read_text()}GPUPOOL_DB_URL=sqlite:///{store}\n")
     hub.start()
     profiles = {p.slug: p for p in load_profiles(LAYOUT.config / "profiles.yaml")}
 
@@ -134,6 +138,17 @@ def test_install_log_in_with_pam_run_a_mig_server_and_a_job_restart_the_hub_and_
             )
             (lease,) = [lease for lease in service.get("/leases").json() if lease["owner_kind"] == "server"]
             assert (lease["profile"], lease["state"]) == (SERVER_PROFILE, "granted")
+            assert store.is_file() and not (LAYOUT.state / "gpupool.sqlite").exists()
+            assert f"lease store sqlite:///{store}: 0 active leases" in hub.log.read_text()  # as it started
+
+            # the launcher run again by mistake: refused, and the running hub's proxy left alone
+            proxy_pid = (LAYOUT.state / "jupyterhub-proxy.pid").read_text()
+            second = subprocess.run([str(LAYOUT.launcher)], capture_output=True, text=True, timeout=60)
+            assert second.returncode != 0 and "a hub already runs from /var/lib/gpupool" in second.stderr, (
+                second.stderr[-2000:]
+            )
+            assert (LAYOUT.state / "jupyterhub-proxy.pid").read_text() == proxy_pid
+            assert _answers(f"{URL}/hub/login")
 
             log = _run_job(service)
             assert f"user {USER}\n" in log
@@ -160,8 +175,8 @@ def test_install_log_in_with_pam_run_a_mig_server_and_a_job_restart_the_hub_and_
             until(lambda: not _servers_of(USER), "the server did not stop", 60)
     hub.stop()
     sh("make", "uninstall", "PURGE=1")
-    leftovers = [
-        p for p in (LAYOUT.env, LAYOUT.launcher, LAYOUT.unit, LAYOUT.config, LAYOUT.state) if p.exists()
+    leftovers = [  # /opt/gpupool itself too: a trial found the environment's lock file left in it
+        p for p in (LAYOUT.prefix, LAYOUT.unit, LAYOUT.config, LAYOUT.state) if p.exists()
     ]
     assert not leftovers
 

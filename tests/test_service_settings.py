@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.spawner.service.settings import ServiceSettings, settings_table
+from gpupool.spawner.service.settings import ServiceSettings, passed_on, settings_table
 
 HUB = {"JUPYTERHUB_API_URL": "http://127.0.0.1:8081/hub/api"}
 README = Path(__file__).parent.parent / "README.md"
@@ -92,3 +92,21 @@ def test_every_gpupool_variable_the_service_reads_is_a_documented_setting() -> N
 
 def test_the_readme_lists_every_setting_as_the_code_defines_it() -> None:
     assert settings_table() in README.read_text()
+
+
+def test_a_hub_passes_on_the_services_settings_from_its_environment_and_nothing_else() -> None:
+    """A lab trial's GPUPOOL_DB_URL and GPUPOOL_POLICY in /etc/gpupool/environment never reached the service:
+    JupyterHub starts a managed service with its ``environment`` and little else."""
+    hub_environment = {
+        "GPUPOOL_DB_URL": "postgresql+psycopg://gpupool:secret@db/gpupool",
+        "GPUPOOL_POLICY": "fgd",
+        "KUBECONFIG": "/etc/gpupool/kubeconfig",
+        "JUPYTERHUB_API_TOKEN": "the hub's own",  # the hub sets these per service
+        "GPUPOOL_NOT_A_SETTING": "x",
+        "HOME": "/root",
+    }
+    assert passed_on(hub_environment) == {
+        "GPUPOOL_DB_URL": "postgresql+psycopg://gpupool:secret@db/gpupool",
+        "GPUPOOL_POLICY": "fgd",
+        "KUBECONFIG": "/etc/gpupool/kubeconfig",
+    }

@@ -23,7 +23,7 @@ from typing import Any
 
 from . import install_files
 from .install_files import Layout
-from .user_environment import build_environment
+from .user_environment import build_environment, lock_file
 
 USERS_GROUP = "gpu-users"  # the production configuration's allowed_groups
 PROXY_PACKAGE = "configurable-http-proxy@4"
@@ -77,6 +77,7 @@ def uninstall(layout: Layout, *, purge: bool, say: Callable[[str], None] = print
     for path in (layout.env, layout.node, layout.launcher.parent):
         shutil.rmtree(path, ignore_errors=True)
     layout.unit.unlink(missing_ok=True)
+    lock_file(layout.env).unlink(missing_ok=True)
     if layout.prefix.is_dir() and not any(layout.prefix.iterdir()):
         layout.prefix.rmdir()
     if purge:

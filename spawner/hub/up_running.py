@@ -1,4 +1,4 @@
-"""Whether a hub already runs where ``gpupool up`` would start one.
+"""Whether a hub already runs where ``gpupool up`` (or the installed hub's launcher) would start one.
 
 A second ``gpupool up`` on the same state folder used to take over the first one's proxy (JupyterHub stops the
 proxy its pid file names, as it should after a crash), leaving port 8000 dead for seconds and the pid file
@@ -24,7 +24,7 @@ PROXY_PORTS = ("--port", "--proxy-api-port")  # what the proxy listens on
 def check_not_running(state: Path, ip: str, ports: dict[str, int]) -> None:
     """:class:`UpError` if a hub runs from ``state``, or a port ``gpupool up`` needs is taken by another
     program; ``ports`` by the flag that sets each (``--port`` on ``ip``, the others on loopback)."""
-    hub = _running(state / HUB_PID_FILE, ("gpupool", "jupyterhub"))
+    hub = running_hub(state)
     if hub is not None:
         raise UpError(
             f"a hub already runs from {state} (pid {hub}): stop it first (Ctrl-C where it runs, or "
@@ -40,6 +40,11 @@ def check_not_running(state: Path, ip: str, ports: dict[str, int]) -> None:
                 f"{flag} {port}: something already listens on {host}:{port} (another hub?); stop it or "
                 f"choose another {flag}"
             )
+
+
+def running_hub(state: Path) -> int | None:
+    """The pid of the hub that runs from ``state`` (its pid file names a live hub), else None."""
+    return _running(state / HUB_PID_FILE, ("gpupool", "jupyterhub"))
 
 
 def _running(pid_file: Path, names: tuple[str, ...]) -> int | None:

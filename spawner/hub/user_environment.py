@@ -68,13 +68,19 @@ def ensure_user_environment(
     return build_environment(source, prefix, say)
 
 
+def lock_file(prefix: Path) -> Path:
+    """What builds of the environment at ``prefix`` take turns on: a file beside it (removing it goes with
+    removing the environment)."""
+    return prefix.parent / f".{prefix.name}.lock"
+
+
 def build_environment(source: Path, prefix: Path, say: Callable[[str], None] = print) -> UserEnvironment:
     """The environment at ``prefix`` with gpupool from the checkout ``source``: built, or brought up to date
     first, then checked by importing what servers and jobs import as nobody."""
     wanted = {"source": _source_digest(source), "pins": _pins()}
     prefix.parent.mkdir(parents=True, exist_ok=True)
     prefix.parent.chmod(0o755)  # its folder (/opt/gpupool-demo): every account enters it, whatever the umask
-    with _locked(prefix.parent / f".{prefix.name}.lock"):
+    with _locked(lock_file(prefix)):
         python = prefix / "bin" / "python"
         built = _read_stamp(prefix)
         if python.exists() and built == wanted:

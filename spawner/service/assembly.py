@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from jupyterhub.services.auth import HubAuth, HubOAuth
+from sqlalchemy import make_url
 
 from ..backends.discovery import DiscoveredPool, discover_pool
 from ..files.profiles_file import load_profiles
@@ -183,6 +184,11 @@ def lease_manager(
     policy = policy_by_name(settings.policy)
     store = LeaseStore(settings.store_url)
     manager = LeaseManager(pool.nodes, store, policy=policy, quotas=quotas)
+    shown = make_url(settings.store_url).render_as_string(hide_password=True)
+    held = manager.all_leases(active_only=True)
+    log.info(
+        "lease store %s: %d active leases", shown, len(held)
+    )  # which one, after a change of GPUPOOL_DB_URL
     log.info("placement policy %s; %s", policy.name, whose)
     for lease in manager.released_at_start:
         log.warning("released at start-up: lease %s of %s (%s)", lease.id, lease.user, lease.release_reason)

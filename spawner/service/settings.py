@@ -323,6 +323,16 @@ def environment_config(env: Mapping[str, str]) -> Config:
     return Config({"ServiceSettings": section})
 
 
+def passed_on(environ: Mapping[str, str]) -> dict[str, str]:
+    """The service's settings ``environ`` holds (``GPUPOOL_DB_URL``, ``KUBECONFIG``, …), for a hub to hand to
+    the service it starts: JupyterHub starts a managed service with its ``environment`` and little else. The
+    ``JUPYTERHUB_*`` ones are left out: the hub sets those for each service itself."""
+    names = {str(trait.metadata.get("env") or "") for _, trait in _settings()}
+    return {
+        name: value for name, value in environ.items() if name in names and not name.startswith("JUPYTERHUB_")
+    }
+
+
 def _read(trait: TraitType[Any, Any], variable: str, raw: str) -> Any:
     if isinstance(trait, Bool):
         if raw.strip().lower() not in _TRUE + _FALSE:
