@@ -280,3 +280,16 @@ def test_a_walltime_reads_back_as_seconds_and_one_past_the_lifetime_is_refused_n
         walltime_of({"walltime": "3d"}, h100)
     with pytest.raises(ValueError, match=r"walltime: expected a duration such as 4h"):
         walltime_of({"walltime": "soon"}, h100)
+
+
+def test_a_profile_added_to_the_file_after_the_service_started_is_shown_closed_saying_why() -> None:
+    """A lab trial put a profile back in profiles.yaml without a restart: the form (which reads the file at each
+    page) offered it, and its start was refused with "unknown profile" by the service (which read it at start)."""
+    known = {p.slug: (1, 0) for p in PROFILES if p.slug != "mig-1g"}
+    choices = {c.profile.slug: c for c in from_service(PROFILES, [], True, Availability(known, {}, "nvml"), 0)}
+    assert not choices["mig-1g"].usable and choices["h100"].usable
+    assert "after the gpupool service started" in (choices["mig-1g"].blocked_reason or "")
+    assert "restarted" in (choices["mig-1g"].blocked_reason or "")
+    # with no answer from the service nothing is known either way, and nothing is closed for it
+    silent = from_service(PROFILES, [], True, Availability({}, {}, ""), 0)
+    assert all(c.usable for c in silent)

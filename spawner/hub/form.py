@@ -23,6 +23,11 @@ FIELD = "profile"  # the form field and the REST body key that name the chosen p
 WALLTIME = "walltime"  # how long the user expects to need the server: what the queue's estimates go by
 WALLTIMES = ("1h", "2h", "4h", "8h", "1d")  # the form's choices, besides the profile's own limit
 
+# The profiles file is read by the form at each page and by the service at its start: a profile added since
+NOT_IN_SERVICE = (
+    "Added to the profiles file after the gpupool service started: it can be started once the hub is restarted"
+)
+
 _CSS = """<style>
 .gpupool-form .gpupool-profile { border: 1px solid #ddd; border-radius: 4px; padding: 8px 12px; margin: 6px 0; }
 .gpupool-form .gpupool-profile label { display: block; font-weight: normal; cursor: pointer; }
@@ -94,12 +99,15 @@ def from_service(
     asked ``now`` could expect to start."""
     waits = {slug: in_words(start, now, time_of_day) for slug, start in live.expected_starts.items()}
     simulated = live.backend == "simulated"
+    blocked = dict(live.never_fits)
+    if live.backend:  # the service answered: a profile it does not know would be refused at the start
+        blocked |= {p.slug: NOT_IN_SERVICE for p in profiles if p.slug not in live.counts}
     return choices_for(
         profiles,
         user_groups,
         is_admin,
         live.counts,
-        live.never_fits,
+        blocked,
         simulated=simulated,
         expected_waits=waits,
     )
