@@ -11,6 +11,26 @@ import contextlib
 import grp
 import os
 import pwd
+from collections.abc import Iterable
+
+from .pool.profiles import Profile
+from .pool.quotas import QuotaPolicy
+
+
+def _is_group(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def _is_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def system_groups(user: str) -> frozenset[str]:
@@ -25,3 +45,28 @@ def system_groups(user: str) -> frozenset[str]:
         with contextlib.suppress(KeyError):  # a gid without a name in the group database
             names.add(grp.getgrgid(gid).gr_name)
     return frozenset(names)
+
+
+def unknown_names(profiles: Iterable[Profile], quotas: QuotaPolicy | None) -> list[str]:
+    """What the profiles and quotas files name that this host does not know, in words (``profile h100 is kept
+    for group visoin, which is not a group on this host``): a typo there closes a profile or lifts a limit
+    without a word. Only worth saying where the host's groups and accounts are the hub's (system_groups)."""
+    not_here = "which is not a group on this host (nor a JupyterHub group yet?)"
+    said = [
+        f"profile {profile.slug} is kept for group {group}, {not_here}"
+        for profile in profiles
+        for group in sorted(profile.groups)
+        if not _is_group(group)
+    ]
+    if quotas is not None:
+        said += [
+            f"the quotas file limits group {g}, {not_here}"
+            for g in sorted(quotas.per_group)
+            if not _is_group(g)
+        ]
+        said += [
+            f"the quotas file limits user {user}, who has no account on this host"
+            for user in sorted(quotas.user_overrides)
+            if not _is_user(user)
+        ]
+    return said

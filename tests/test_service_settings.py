@@ -3,12 +3,16 @@ line can set the same, and a bad value stops the service naming the variable."""
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
 import pytest
 
+from gpupool.spawner.backends.simulated import DEMO_POOL
+from gpupool.spawner.service.assembly import assemble
 from gpupool.spawner.service.settings import ServiceSettings, passed_on, settings_table
+from gpupool.spawner.service.store.lease_store import sqlite_url
 
 HUB = {"JUPYTERHUB_API_URL": "http://127.0.0.1:8081/hub/api"}
 README = Path(__file__).parent.parent / "README.md"
@@ -110,3 +114,42 @@ def test_a_hub_passes_on_the_services_settings_from_its_environment_and_nothing_
         "GPUPOOL_POLICY": "fgd",
         "KUBECONFIG": "/etc/gpupool/kubeconfig",
     }
+
+
+def test_with_system_groups_a_group_or_user_the_host_lacks_is_warned_of_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lab trial's ``groups: [visoin]`` and ``users: {adaa: …}`` started without a word: the profile was then
+    closed to its intended members, and ada's limits were not hers."""
+    (tmp_path / "profiles.yaml").write_text(
+        "profiles:\n"
+        "  - {slug: cpu, display_name: CPU, cpu: 1, memory: 1GiB, groups: [root]}\n"
+        "  - {slug: vision, display_name: Vision, cpu: 1, memory: 1GiB, groups: [visoin]}\n"
+    )
+    (tmp_path / "quotas.yaml").write_text(
+        "per_group:\n  root: {cpu: 8}\nusers:\n  adaa: {cpu: 8}\n  root: {cpu: 8}\n"
+    )
+    settings = {
+        "pool_file": str(DEMO_POOL),
+        "profiles_file": str(tmp_path / "profiles.yaml"),
+        "quotas_file": str(tmp_path / "quotas.yaml"),
+        "db_url": sqlite_url(str(tmp_path / "leases.sqlite")),
+        "hub_api_url": "http://127.0.0.1:9/hub/api",
+        "reconcile_seconds": 0,
+        "sample_seconds": 0,
+    }
+    with caplog.at_level(logging.WARNING, logger="gpupool.spawner.service.assembly"):
+        assemble(ServiceSettings(system_groups=True, **settings)).manager.store.close()
+    said = [r.getMessage() for r in caplog.records if "misspelling" in r.getMessage()]
+    assert said == [
+        "profile vision is kept for group visoin, which is not a group on this host (nor a JupyterHub group "
+        "yet?): a misspelling?",
+        "the quotas file limits user adaa, who has no account on this host: a misspelling?",
+    ]
+    caplog.clear()
+    (tmp_path / "leases.sqlite").unlink()
+    with caplog.at_level(logging.WARNING, logger="gpupool.spawner.service.assembly"):
+        assemble(
+            ServiceSettings(**settings)
+        ).manager.store.close()  # hub groups only: nothing to check against
+    assert not any("misspelling" in r.getMessage() for r in caplog.records)

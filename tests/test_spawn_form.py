@@ -286,7 +286,9 @@ def test_a_profile_added_to_the_file_after_the_service_started_is_shown_closed_s
     """A lab trial put a profile back in profiles.yaml without a restart: the form (which reads the file at each
     page) offered it, and its start was refused with "unknown profile" by the service (which read it at start)."""
     known = {p.slug: (1, 0) for p in PROFILES if p.slug != "mig-1g"}
-    choices = {c.profile.slug: c for c in from_service(PROFILES, [], True, Availability(known, {}, "nvml"), 0)}
+    choices = {
+        c.profile.slug: c for c in from_service(PROFILES, [], True, Availability(known, {}, "nvml"), 0)
+    }
     assert not choices["mig-1g"].usable and choices["h100"].usable
     assert "after the gpupool service started" in (choices["mig-1g"].blocked_reason or "")
     assert "restarted" in (choices["mig-1g"].blocked_reason or "")

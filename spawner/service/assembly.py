@@ -28,6 +28,7 @@ from ..limits import this_host
 from ..pool.policies import policy_by_name
 from ..pool.profiles import Profile
 from ..pool.quotas import default_policy, describe_quota
+from ..system_groups import unknown_names
 from ..telemetry.activity import ActivityTracker
 from .api.app import create_app
 from .api.auth import Authenticator
@@ -181,6 +182,9 @@ def lease_manager(
     else:
         quotas = default_policy(pool.nodes, (p.request() for p in profiles))
         whose = f"no quotas file, so each user may hold at most {describe_quota(quotas.per_user)}"
+    if settings.system_groups:  # the host's groups and accounts are the hub's: a name it lacks is a typo
+        for line in unknown_names(profiles, quotas if settings.quotas_file else None):
+            log.warning("%s: a misspelling?", line)
     policy = policy_by_name(settings.policy)
     store = LeaseStore(settings.store_url)
     manager = LeaseManager(pool.nodes, store, policy=policy, quotas=quotas)
