@@ -57,9 +57,10 @@ test-fast: lint typecheck
 kube-build: $(STAMP)
 	$(BIN)/python -m gpupool.spawner.kube.local.build
 
-# A real control plane with the demo pool's nodes (POOL=file for another); prints KUBECONFIG=... when Ready.
+# A real control plane with the demo pool's nodes (POOL=file for another, STATE_DIR=folder to keep its data);
+# prints KUBECONFIG=... when Ready.
 kube-up: kube-build
-	$(BIN)/gpupool kube up $(if $(POOL),--pool $(POOL))
+	$(BIN)/gpupool kube up $(if $(POOL),--pool $(POOL)) $(if $(STATE_DIR),--state-dir $(STATE_DIR))
 
 # The placement table of the README: make bench TRACE=path/to/cluster-trace-gpu-v2023 (see the README).
 bench: $(STAMP)
