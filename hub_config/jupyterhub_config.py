@@ -4,7 +4,8 @@
 unit ``gpupool.service``, which runs it as root (the spawner starts each server as its user) from the state
 folder ``/var/lib/gpupool``, with ``/etc/gpupool/environment`` read first::
 
-    cd /var/lib/gpupool && /opt/gpupool/env/bin/jupyterhub -f /etc/gpupool/jupyterhub_config.py
+    cd /var/lib/gpupool
+    /opt/gpupool/env/bin/python -m gpupool.spawner.hub.app -f /etc/gpupool/jupyterhub_config.py
 
 What differs from the embedded demo (``gpupool up``): users log in with their system passwords (PAM) and
 servers run as them (``LocalGPUSpawner``), the pool is this host's GPUs through NVML, the profiles file is
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from gpupool.spawner.hub.compat import service_start_timeout
 from gpupool.spawner.hub.up import CULLER_SCOPES, culler_command, read_or_create_secret, templates
-from gpupool.spawner.hub.up_checks import require_real_pool
+from gpupool.spawner.hub.up_checks import UpError, check_data_files, require_real_pool
 from gpupool.spawner.hub.up_running import HUB_PID_FILE, running_hub
 from gpupool.spawner.orphans import parent_environment
 from gpupool.spawner.service.settings import passed_on
@@ -36,7 +37,7 @@ if (HUB_PID := running_hub(STATE)) is not None:
 c.JupyterHub.pid_file = str(STATE / HUB_PID_FILE)
 PROFILES = os.environ.get("GPUPOOL_PROFILES", "/etc/gpupool/profiles.yaml")  # EDIT
 QUOTAS = os.environ.get("GPUPOOL_QUOTAS", "/etc/gpupool/quotas.yaml")  # EDIT (see quotas.yaml)
-ADMINS = {"root"}  # EDIT: who administers the hub and sees every lease
+ADMINS = {"root"}  # EDIT: who administers the hub and sees every lease (an account in USERS_GROUP that logs in)
 USERS_GROUP = "gpu-users"  # EDIT: the system group whose members may log in
 
 # --- The pool is this host's GPUs ------------------------------------------------------------------------------
@@ -44,6 +45,11 @@ USERS_GROUP = "gpu-users"  # EDIT: the system group whose members may log in
 # start and fail every spawn. GPUPOOL_POOL (a pool file) or GPUPOOL_SIMULATED_FALLBACK=1 in the hub's environment
 # serve a simulated pool on purpose, for a trial; the service gets them with its other settings below.
 require_real_pool()
+# The profiles and quotas files, read now: a mistake stops the hub in one line naming the file and field.
+try:
+    check_data_files({"GPUPOOL_PROFILES": PROFILES, "GPUPOOL_QUOTAS": QUOTAS})
+except UpError as error:
+    sys.exit(f"gpupool: {error}")
 
 # --- Network -------------------------------------------------------------------------------------------------
 # Users reach only the proxy. The hub and the gpupool service listen on loopback: nothing else needs them.

@@ -405,6 +405,9 @@ def test_the_production_config_loads_and_names_only_real_options(
 ) -> None:
     monkeypatch.chdir(tmp_path)  # it keeps its state in the working directory
     monkeypatch.setenv("GPUPOOL_POOL", str(DEMO_POOL))  # a simulated pool on purpose: no GPU here
+    # the files gpupool install puts in /etc/gpupool, where this test cannot look
+    monkeypatch.setenv("GPUPOOL_PROFILES", str(ROOT / "hub_config" / "profiles.yaml"))
+    monkeypatch.setenv("GPUPOOL_QUOTAS", str(ROOT / "hub_config" / "quotas.yaml"))
     config = _load(ROOT / "hub_config" / "jupyterhub_config.py")
     _assert_every_option_exists(config)
     assert _spawner_class(config) is LocalGPUSpawner
@@ -431,6 +434,25 @@ def test_the_production_config_without_a_driver_stops_the_hub_with_nvmls_error(t
     assert result.returncode != 0
     assert "NVML" in result.stderr and "GPUPOOL_SIMULATED_FALLBACK=1" in result.stderr, result.stderr[-2000:]
     assert not (tmp_path / "jupyterhub.sqlite").exists()  # it stopped before starting anything
+
+
+def test_the_production_config_stops_on_a_bad_profiles_file_in_one_line(tmp_path: Path) -> None:
+    """A lab trial's typo stopped the installed hub with the one line that names it after a 100-line
+    traceback."""
+    (tmp_path / "profiles.yaml").write_text(
+        "profiles:\n  - {slug: cpu, display_name: CPU, cpu: 1, memroy: 1GiB}\n"
+    )
+    env = {**os.environ, "GPUPOOL_POOL": str(DEMO_POOL), "GPUPOOL_PROFILES": str(tmp_path / "profiles.yaml")}
+    result = subprocess.run(
+        [sys.executable, "-m", "jupyterhub", "-f", str(ROOT / "hub_config" / "jupyterhub_config.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "profile cpu: unknown field 'memroy' (did you mean 'memory'?)" in result.stderr.splitlines()[-1]
 
 
 def test_the_embedded_config_loads_and_names_only_real_options(

@@ -119,8 +119,15 @@ def test_install_log_in_with_pam_run_a_mig_server_and_a_job_restart_the_hub_and_
     assert LAYOUT.unit.read_text().count(f"ExecStart={LAYOUT.launcher}") == 1
     # a lab trial's settings in the environment file (a database URL with its password, root's alone) never
     # reached the service: the hub hands the service its own settings and little else
-    environment, store = LAYOUT.config / "environment", LAYOUT.state / "leases-from-the-environment.sqlite"
-    environment.write_text(f"{environment.read_text()}GPUPOOL_DB_URL=sqlite:///{store}\n")
+    # (a `$` in it: a trial's database password lost its `$cdef9` to the shell that read the file)
+    environment, store = LAYOUT.config / "environment", LAYOUT.state / "leases-$from-the-environment.sqlite"
+    settings = environment.read_text()
+    # a value the service refuses stops the start, naming it, and the proxy goes too (a trial found it left)
+    environment.write_text(f"{settings}GPUPOOL_SAMPLE_SECONDS=-5\n")
+    failed = subprocess.run([str(LAYOUT.launcher)], capture_output=True, text=True, timeout=120)
+    assert failed.returncode != 0 and "GPUPOOL_SAMPLE_SECONDS" in failed.stderr, failed.stderr[-3000:]
+    assert not _proxies()
+    environment.write_text(f'{settings}GPUPOOL_DB_URL="sqlite:///{store}"\n')
     hub.start()
     profiles = {p.slug: p for p in load_profiles(LAYOUT.config / "profiles.yaml")}
 
@@ -139,7 +146,7 @@ def test_install_log_in_with_pam_run_a_mig_server_and_a_job_restart_the_hub_and_
             (lease,) = [lease for lease in service.get("/leases").json() if lease["owner_kind"] == "server"]
             assert (lease["profile"], lease["state"]) == (SERVER_PROFILE, "granted")
             assert store.is_file() and not (LAYOUT.state / "gpupool.sqlite").exists()
-            assert f"lease store sqlite:///{store}: 0 active leases" in hub.log.read_text()  # as it started
+            assert f"lease store {store}: 0 active leases" in hub.log.read_text()  # as it started
 
             # the launcher run again by mistake: refused, and the running hub's proxy left alone
             proxy_pid = (LAYOUT.state / "jupyterhub-proxy.pid").read_text()
@@ -238,6 +245,15 @@ def _processes_of(user: str) -> list[int]:
             if entry.name.isdigit() and entry.stat().st_uid == uid and _alive(int(entry.name)):
                 found.append(int(entry.name))
     return sorted(found)
+
+
+def _proxies() -> list[int]:
+    """The configurable-http-proxy processes of the installed hub."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and str(LAYOUT.node).encode() in _cmdline(int(entry.name)):
+            found.append(int(entry.name))
+    return found
 
 
 def _cmdline(pid: int) -> bytes:

@@ -4,6 +4,9 @@ and every mistake in a profiles file is named with its file, profile and field."
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ from hypothesis import strategies as st
 from yaml_damage import yaml_values
 
 from gpupool.spawner.backends.simulated import DEMO_POOL, load_pool_file
-from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles, parse_profiles
+from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles, parse_profiles, read_profiles
 from gpupool.spawner.pool.devices import GpuMode, Health, Node
 from gpupool.spawner.pool.profiles import Profile, ProfileError, UnknownProfile, find_profile, fits_pool
 from gpupool.spawner.pool.requests import GpuShare, MigSlice, Request, WholeGpus
@@ -461,3 +464,24 @@ def test_min_memory_in_marketed_gb_accepts_the_gpu_that_name_promises() -> None:
     pool = PoolState([Node("real", 64_000, 512 * 1024, (h100,))])
     profile = one("    gpus: {count: 1, min_memory_gb: 80}\n")
     assert isinstance(pool.place(profile.request(), "alice"), Allocation)
+
+
+def test_a_profiles_file_broken_by_an_edit_keeps_the_profiles_last_read_and_says_why_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lab trial saved a typo (``memroy:``) in the profiles file of a running hub: every user without a server
+    got a bare 500 at login, as the spawn form read the file again."""
+    path = tmp_path / "profiles.yaml"
+    path.write_text("profiles:\n  - {slug: cpu, display_name: CPU, cpu: 1, memory: 1GiB}\n")
+    assert [p.slug for p in read_profiles(str(path))] == ["cpu"]
+    path.write_text("profiles:\n  - {slug: cpu, display_name: CPU, cpu: 1, memroy: 1GiB}\n")
+    os.utime(path, ns=(time.time_ns() + 10**9,) * 2)  # a later save, whatever the file system's clock
+    with caplog.at_level(logging.ERROR, logger="gpupool.spawner.files.profiles_file"):
+        for _ in range(3):
+            assert [p.slug for p in read_profiles(str(path))] == ["cpu"]
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "unknown field 'memroy' (did you mean 'memory'?)" in said and "as last read" in said
+    fresh = tmp_path / "never-read-well.yaml"
+    fresh.write_text(path.read_text())
+    with pytest.raises(ProfileError, match="memroy"):  # nothing read well before: the error itself
+        read_profiles(str(fresh))

@@ -13,6 +13,7 @@ from 1 when the slug is missing or bad) and the field; the loader returns every 
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
@@ -24,6 +25,8 @@ from ..pool.profiles import DURATIONS, Profile, ProfileError, parse_duration, sl
 from ..pool.requests import GpuNeed, GpuShare, InvalidRequest, MigSlice, WholeGpus
 from ..pool.software import Software
 from .yaml_fields import check_fields, kind, load_yaml, parse_memory_mib, read_text, required_field
+
+log = logging.getLogger(__name__)
 
 EXAMPLE_PROFILES: Path = Path(str(files("gpupool.hub_config").joinpath("profiles.yaml")))
 
@@ -40,6 +43,7 @@ _ENVIRONMENT_FIELDS = (
     "min_cuda",
     "min_compute_capability",
 )
+
 _SOFTWARE_FIELDS = ("min_cuda", "min_compute_capability")
 _GPU_FIELDS = {
     "gpus": ("count", "products", "min_memory_gb", *_SOFTWARE_FIELDS),
@@ -282,7 +286,24 @@ def _profiles_at(path: str, mtime_ns: int) -> tuple[Profile, ...]:
     return load_profiles(path)
 
 
+_last_read: dict[str, tuple[Profile, ...]] = {}  # by path: the profiles its file held when last read well
+_said: set[str] = set()
+
+
 def read_profiles(path: str) -> tuple[Profile, ...]:
     """The profiles in the file at ``path``, parsed again only when it changes (the hub reads it at every
-    spawn); raises the loader's error (naming the file and field) when bad."""
-    return _profiles_at(path, Path(path).stat().st_mtime_ns)
+    spawn). A file that has gone bad since it was last read well (an edit under way, a typo) gives the
+    profiles as last read, its error logged once: one bad save must not give every user a 500 at the spawn
+    form, and the service keeps what it read at its start anyway. Read well never before: the loader's error
+    (naming the file and field)."""
+    try:
+        profiles = _profiles_at(path, Path(path).stat().st_mtime_ns)
+    except (OSError, ValueError) as error:
+        if path not in _last_read:
+            raise
+        if str(error) not in _said:
+            _said.add(str(error))
+            log.error("%s; the spawn form keeps the profiles as last read until the file is fixed", error)
+        return _last_read[path]
+    _last_read[path] = profiles
+    return profiles

@@ -1,5 +1,6 @@
-"""The JupyterHub application ``gpupool up`` runs: JupyterHub, with its users' servers stopped before its services,
-and where to log in said once it has started.
+"""The JupyterHub application ``gpupool up`` and the installed hub's launcher run: JupyterHub, with its users'
+servers stopped before its services, no proxy left behind by a start that fails, and where to log in said once
+it has started.
 
 JupyterHub's shutdown stops the managed services first and the single-user servers after them. A gpupool
 server's stop hands its lease back to the gpupool service, which by then is gone: every release failed, was
@@ -19,8 +20,9 @@ from traitlets import Unicode
 
 class GpupoolHub(JupyterHub):  # type: ignore[misc]
     """JupyterHub whose shutdown stops the users' servers while the gpupool service still runs, and whose
-    proxy never outlives a Ctrl-C that comes while it is still starting (JupyterHub handles the signal only
-    once it has started: before, the interrupt ends the process without its cleanup)."""
+    proxy never outlives a start that ends early: a Ctrl-C while it is still starting (JupyterHub handles the
+    signal only once it has started: before, the interrupt ends the process without its cleanup), or a
+    managed service that fails to start (JupyterHub then exits at once, its proxy left running)."""
 
     started_message = Unicode(
         "",

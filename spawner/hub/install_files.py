@@ -51,24 +51,53 @@ class Layout:
         return self.config / "jupyterhub_config.py"
 
 
+# Reads the environment file's KEY=value lines as written, as systemd's EnvironmentFile= does: a shell's
+# `. file` would expand a password's `$` and split it at a space. Quotes around a value, and an `export ` before
+# the name, are dropped.
+_READ_SETTINGS = r"""if [ -r @ENVIRONMENT@ ]; then
+    n=0
+    while IFS= read -r line || [ -n "$line" ]; do
+        n=$((n + 1))
+        line=${line#"${line%%[![:space:]]*}"}
+        line=${line%"${line##*[![:space:]]}"}
+        case $line in '' | '#'*) continue ;; esac
+        line=${line#export }
+        key=${line%%=*}
+        value=${line#*=}
+        case $line in
+            *=*) ;;
+            *) key= ;;
+        esac
+        case $key in
+            '' | [0-9]* | *[!A-Za-z0-9_]*)
+                echo "gpupool-hub: @ENVIRONMENT@, line $n: expected KEY=value (a name of letters, digits and _)" >&2
+                exit 2
+                ;;
+        esac
+        case $value in
+            \"*\") value=${value#\"}; value=${value%\"} ;;
+            \'*\') value=${value#\'}; value=${value%\'} ;;
+        esac
+        export "$key=$value"
+    done < @ENVIRONMENT@
+fi"""
+
+
 def launcher(layout: Layout) -> str:
     """The hub's start as the unit runs it; without systemd, run this very file (as root)."""
     q = shlex.quote
     path = f"{layout.env / 'bin'}:{layout.proxy_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    environment = q(str(layout.environment_file))
+    settings = _READ_SETTINGS.replace("@ENVIRONMENT@", q(str(layout.environment_file)))
     return f"""#!/bin/sh
 # gpupool's JupyterHub, started as {UNIT_NAME} starts it. Run it as root: the hub starts each user's
 # server as that user. Settings: {layout.environment_file}; configuration: {layout.hub_config}.
 set -e
-if [ -r {environment} ]; then
-    set -a
-    . {environment}
-    set +a
-fi
+{settings}
 # servers and jobs find jupyterhub-singleuser and python here first, the hub its proxy
 export PATH={q(path)}
 cd {q(str(layout.state))}
-exec {q(str(layout.env / "bin" / "jupyterhub"))} -f {q(str(layout.hub_config))} "$@"
+# JupyterHub as gpupool up runs it: a start that fails (a service refusing a setting) takes its proxy along
+exec {q(str(layout.env / "bin" / "python"))} -m gpupool.spawner.hub.app -f {q(str(layout.hub_config))} "$@"
 """
 
 
@@ -98,7 +127,9 @@ def environment(layout: Layout, simulated_pool: Path | None) -> str:
         if simulated_pool
         else f"# GPUPOOL_POOL={layout.config / 'pool.yaml'}"
     )
-    return f"""# Settings of gpupool's hub, read by {layout.launcher} (and so by {UNIT_NAME}); KEY=value lines.
+    return f"""# Settings of gpupool's hub, read by {layout.launcher} (and so by {UNIT_NAME}); KEY=value lines,
+# each value as written (no shell quoting needed: a password may hold $ or spaces). Any setting of the gpupool
+# service (GPUPOOL_DB_URL, GPUPOOL_POLICY, ... see the README's table) reaches the service from here.
 #
 # The pool is this host's GPUs, read through NVML; with no NVIDIA driver or no GPUs the hub refuses to start
 # and says why. To try gpupool without GPUs, name a pool file of simulated GPUs (labelled "simulated" in the

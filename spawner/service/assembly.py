@@ -188,7 +188,8 @@ def lease_manager(
     policy = policy_by_name(settings.policy)
     store = LeaseStore(settings.store_url)
     manager = LeaseManager(pool.nodes, store, policy=policy, quotas=quotas)
-    shown = make_url(settings.store_url).render_as_string(hide_password=True)
+    url = make_url(settings.store_url)  # a file's path as it is; a server's URL without its password
+    shown = (url.database or ":memory:") if url.get_backend_name() == "sqlite" else url.render_as_string()
     held = manager.all_leases(active_only=True)
     log.info(
         "lease store %s: %d active leases", shown, len(held)

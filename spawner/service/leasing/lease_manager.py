@@ -327,9 +327,8 @@ class LeaseManager:
                 if lease.state is LeaseState.QUEUED:
                     queued[lease.profile] = queued.get(lease.profile, 0) + 1
             waiting = [e.request.gpu for e in self._queue.entries()]
-            counts = {}
+            counts, held = {}, self._held_because is not None
             for key, request in asks.items():
-                held = self._held_because is not None
                 blocked = held or any(competes(need, request.gpu) for need in waiting)
                 counts[key] = (0 if blocked else count_fits(self._pool, request, limit), queued.get(key, 0))
             return counts
