@@ -37,7 +37,7 @@ if (HUB_PID := running_hub(STATE)) is not None:
 c.JupyterHub.pid_file = str(STATE / HUB_PID_FILE)
 PROFILES = os.environ.get("GPUPOOL_PROFILES", "/etc/gpupool/profiles.yaml")  # EDIT
 QUOTAS = os.environ.get("GPUPOOL_QUOTAS", "/etc/gpupool/quotas.yaml")  # EDIT (see quotas.yaml)
-ADMINS = {"root"}  # EDIT: who administers the hub and sees every lease (an account in USERS_GROUP that logs in)
+ADMINS = {"root"}  # EDIT: who administers the hub and sees every lease: accounts in USERS_GROUP that log in
 USERS_GROUP = "gpu-users"  # EDIT: the system group whose members may log in
 
 # --- The pool is this host's GPUs ------------------------------------------------------------------------------

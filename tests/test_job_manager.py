@@ -340,6 +340,10 @@ def test_a_waiting_server_preempts_a_checkpointing_job_which_resumes_and_finishe
     assert server.state is LeaseState.QUEUED
 
     preemptor = Preemptor(jobs, after=0.5, preemptible=frozenset({"batch"}))
+    jobs.leases.hold_placements("the cluster's API server is silent")  # the server waits for that, not GPUs
+    time.sleep(0.6)
+    assert preemptor.step() is None and jobs.get(second.id).stop is None
+    jobs.leases.hold_placements(None)
     until(jobs, lambda: preemptor.step() is not None or jobs.get(second.id).stop is not None, "a preemption")
     until(jobs, lambda: jobs.leases.get(server.id).state is LeaseState.GRANTED, "the server's lease")
     assert jobs.get(first.id).state is JobState.RUNNING  # the older job kept running

@@ -292,7 +292,7 @@ def test_while_placements_are_held_requests_queue_saying_why_and_start_in_order_
     whoever waits reads why instead of an estimate."""
     m = manager(tmp_path)
     running = ask(m, "alice", WHOLE)
-    why = "the cluster's API server has not answered since 22:15 UTC: nothing starts until it does"
+    why = "gpupool has lost its watch of the cluster since 22:15 UTC: nothing starts until it is back"
     m.hold_placements(why)
     first, second = ask(m, "bob", MIG), ask(m, "carol", SHARE)
     assert first.state is second.state is LeaseState.QUEUED  # though both would fit

@@ -324,3 +324,15 @@ def test_the_cli_reads_the_live_advice_from_the_service(
         assert main(["mig", "advise", "--url", "http://service/services/gpupool/", "--token", "x"]) == 0
     out = capsys.readouterr().out
     assert "leases granted and queued in the gpupool service's store" in out and "3g.40gb ×1" in out
+
+
+def test_one_profile_name_offered_on_two_products_keeps_a_slice_on_each() -> None:
+    """The review: two offered asks of one name ("1g.10gb" on H100s only, on A100s only) were kept as one."""
+    h100 = mig.fit(mig.geometry("H100-80GB"), ["1g.10gb"] * 7) or ()
+    a100 = mig.fit(mig.geometry("A100-80GB"), ["1g.10gb"] * 7) or ()
+    gpus = [MigGpu("h", 0, "H100-80GB", h100), MigGpu("a", 0, "A100-80GB", a100)]
+    demand = Counter({_ask("H100-80GB", "7g.80gb"): 1, _ask("A100-80GB", "7g.80gb"): 1})
+    advice = advise(gpus, demand, keep=[_ask("H100-80GB", "1g.10gb"), _ask("A100-80GB", "1g.10gb")])
+    for gpu in advice.gpus:
+        assert "1g.10gb" in [p.profile for p in gpu.advised], (gpu.gpu.product, gpu.advised)
+    assert advice.kept == ("1g.10gb",)

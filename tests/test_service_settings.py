@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
-from gpupool.spawner.service.assembly import assemble
+from gpupool.spawner.service.assembly import assemble, shown_store
 from gpupool.spawner.service.settings import ServiceSettings, passed_on, settings_table
 from gpupool.spawner.service.store.lease_store import sqlite_url
 
@@ -153,3 +153,12 @@ def test_with_system_groups_a_group_or_user_the_host_lacks_is_warned_of_at_start
             ServiceSettings(**settings)
         ).manager.store.close()  # hub groups only: nothing to check against
     assert not any("misspelling" in r.getMessage() for r in caplog.records)
+
+
+def test_the_lease_store_is_logged_without_its_password_wherever_the_url_holds_it() -> None:
+    assert shown_store("sqlite:////var/lib/gpupool/leases-$x.sqlite") == "/var/lib/gpupool/leases-$x.sqlite"
+    assert (
+        shown_store("postgresql+psycopg://gpupool:s3cret@db/gp") == "postgresql+psycopg://gpupool:***@db/gp"
+    )
+    shown = shown_store("postgresql+psycopg://gpupool@db/gp?password=s3cret&sslpassword=k3y&sslmode=require")
+    assert "s3cret" not in shown and "k3y" not in shown and "sslmode=require" in shown

@@ -290,7 +290,7 @@ def test_a_profile_added_to_the_file_after_the_service_started_is_shown_closed_s
         c.profile.slug: c for c in from_service(PROFILES, [], True, Availability(known, {}, "nvml"), 0)
     }
     assert not choices["mig-1g"].usable and choices["h100"].usable
-    assert "after the gpupool service started" in (choices["mig-1g"].blocked_reason or "")
+    assert "added to the profiles file since it started" in (choices["mig-1g"].blocked_reason or "")
     assert "restarted" in (choices["mig-1g"].blocked_reason or "")
     # with no answer from the service nothing is known either way, and nothing is closed for it
     silent = from_service(PROFILES, [], True, Availability({}, {}, ""), 0)

@@ -12,7 +12,7 @@ import pytest
 from polling import until
 
 from gpupool.spawner.hub.up_checks import UpError
-from gpupool.spawner.hub.up_running import HUB_PID_FILE, check_not_running
+from gpupool.spawner.hub.up_running import HUB_PID_FILE, check_not_running, running_hub
 
 
 def _free_port() -> int:
@@ -42,6 +42,19 @@ def test_a_live_hub_in_the_state_folder_is_named_and_a_stale_pid_is_not(tmp_path
     assert itself.returncode == 0, itself.stderr
     (tmp_path / HUB_PID_FILE).write_text("not a pid")
     check_not_running(tmp_path, "127.0.0.1", ports)
+    # a stale pid reused by a user's server, which outlives the installed hub (the review)
+    server = [
+        sys.executable,
+        "-c",
+        "import time; time.sleep(30)",
+        "/opt/gpupool/env/bin/jupyterhub-singleuser",
+    ]
+    with subprocess.Popen(server) as singleuser:
+        command = Path(f"/proc/{singleuser.pid}/cmdline")
+        until(lambda: b"singleuser" in command.read_bytes(), "the child to exec", timeout=10)
+        (tmp_path / HUB_PID_FILE).write_text(f"{singleuser.pid}\n")
+        assert running_hub(tmp_path) is None
+        singleuser.kill()
 
 
 def test_a_taken_port_is_refused_naming_its_flag(tmp_path: Path) -> None:

@@ -287,7 +287,7 @@ def _profiles_at(path: str, mtime_ns: int) -> tuple[Profile, ...]:
 
 
 _last_read: dict[str, tuple[Profile, ...]] = {}  # by path: the profiles its file held when last read well
-_said: set[str] = set()
+_said: dict[str, str] = {}  # by path: the error last logged for its file, until it reads well again
 
 
 def read_profiles(path: str) -> tuple[Profile, ...]:
@@ -301,9 +301,10 @@ def read_profiles(path: str) -> tuple[Profile, ...]:
     except (OSError, ValueError) as error:
         if path not in _last_read:
             raise
-        if str(error) not in _said:
-            _said.add(str(error))
+        if _said.get(path) != str(error):
+            _said[path] = str(error)
             log.error("%s; the spawn form keeps the profiles as last read until the file is fixed", error)
         return _last_read[path]
     _last_read[path] = profiles
+    _said.pop(path, None)
     return profiles

@@ -23,8 +23,12 @@ FIELD = "profile"  # the form field and the REST body key that name the chosen p
 WALLTIME = "walltime"  # how long the user expects to need the server: what the queue's estimates go by
 WALLTIMES = ("1h", "2h", "4h", "8h", "1d")  # the form's choices, besides the profile's own limit
 
-# The profiles file is read by the form at each page and by the service at its start: a profile added since
-NOT_IN_SERVICE = "Added to the profiles file after the gpupool service started: it can be started once the hub is restarted"
+# The form reads the profiles file at each page, the service at its start: a profile added since, which the
+# service would refuse as unknown, is shown closed.
+NOT_IN_SERVICE = (
+    "The gpupool service does not know this profile (added to the profiles file since it started?): it can be "
+    "started once the hub is restarted"
+)
 
 _CSS = """<style>
 .gpupool-form .gpupool-profile { border: 1px solid #ddd; border-radius: 4px; padding: 8px 12px; margin: 6px 0; }

@@ -51,9 +51,9 @@ class Layout:
         return self.config / "jupyterhub_config.py"
 
 
-# Reads the environment file's KEY=value lines as written, as systemd's EnvironmentFile= does: a shell's
-# `. file` would expand a password's `$` and split it at a space. Quotes around a value, and an `export ` before
-# the name, are dropped.
+# Reads the environment file's KEY=value lines with each value as written, `$`, backslashes and inner spaces
+# included (a shell's `. file` expanded a password's `$` and split it at a space). Only the blanks around a
+# line, a pair of quotes around a value (which keep blanks at its ends) and an `export ` before it are dropped.
 _READ_SETTINGS = r"""if [ -r @ENVIRONMENT@ ]; then
     n=0
     while IFS= read -r line || [ -n "$line" ]; do
@@ -128,7 +128,8 @@ def environment(layout: Layout, simulated_pool: Path | None) -> str:
         else f"# GPUPOOL_POOL={layout.config / 'pool.yaml'}"
     )
     return f"""# Settings of gpupool's hub, read by {layout.launcher} (and so by {UNIT_NAME}); KEY=value lines,
-# each value as written (no shell quoting needed: a password may hold $ or spaces). Any setting of the gpupool
+# each value as written (no shell quoting needed: a password may hold $ or spaces; quotes around it are dropped,
+# as are blanks at the line's ends). Any setting of the gpupool
 # service (GPUPOOL_DB_URL, GPUPOOL_POLICY, ... see the README's table) reaches the service from here.
 #
 # The pool is this host's GPUs, read through NVML; with no NVIDIA driver or no GPUs the hub refuses to start

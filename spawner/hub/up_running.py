@@ -44,17 +44,21 @@ def check_not_running(state: Path, ip: str, ports: dict[str, int]) -> None:
 
 def running_hub(state: Path) -> int | None:
     """The pid of the hub that runs from ``state`` (its pid file names a live hub), else None."""
-    return _running(state / HUB_PID_FILE, ("gpupool", "jupyterhub"))
+    # a stale pid file's pid, reused by a user's server (they outlive the hub), is no hub
+    return _running(state / HUB_PID_FILE, ("gpupool", "jupyterhub"), unless="singleuser")
 
 
-def _running(pid_file: Path, names: tuple[str, ...]) -> int | None:
-    """The pid in ``pid_file`` if that process runs and its command line has one of ``names``."""
+def _running(pid_file: Path, names: tuple[str, ...], unless: str | None = None) -> int | None:
+    """The pid in ``pid_file`` if that process runs and its command line has one of ``names`` (and not
+    ``unless``)."""
     try:
         pid = int(pid_file.read_text().strip())
         command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except (OSError, ValueError):
         return None  # no file, a stale one, or a process gone
     if pid == os.getpid():  # a stale file whose pid came back as ours (a container's pids start over)
+        return None
+    if unless is not None and unless in command:
         return None
     return pid if any(name in command for name in names) else None
 

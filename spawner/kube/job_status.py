@@ -32,7 +32,7 @@ def disrupted_pod(pods: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None
 
 def main_exit_code(pods: Iterable[Mapping[str, Any]]) -> int | None:
     """The exit code of the main container in the newest pod that ran it to the end, if any."""
-    newest = sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp")), reverse=True)
+    newest = sorted(pods, key=_created, reverse=True)
     for pod in newest:
         for container in (pod.get("status") or {}).get("containerStatuses") or []:
             terminated = (container.get("state") or {}).get("terminated")
@@ -71,10 +71,11 @@ def holdup(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> str | N
         return (
             f"its Job is suspended until Kueue admits it (queue {queue})" if queue else "its Job is suspended"
         )
-    live = [p for p in pods if (p.get("status") or {}).get("phase") in (None, "Pending", "Running")]
-    if not live:
-        return "its Job has no pod yet"
-    newest = max(live, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp")))
+    phases = [((p.get("status") or {}).get("phase"), p) for p in pods]
+    live = [p for phase, p in phases if phase in (None, "Pending", "Running")]
+    if not live:  # a pod that ran (its Job's condition still to come) or one on a lost node: nothing to say
+        return None if phases else "its Job has no pod yet"
+    newest = max(live, key=_created)
     status = newest.get("status") or {}
     if status.get("phase") == "Running":
         return None
@@ -87,3 +88,8 @@ def holdup(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> str | N
             why = ": ".join(str(w) for w in (waiting.get("reason"), waiting.get("message")) if w)
             return f"its pod is waiting: {why or 'starting'}"
     return "its pod is starting"
+
+
+def _created(pod: Mapping[str, Any]) -> str:
+    """A pod's creation time, for ordering (RFC 3339 sorts as text); '' when not yet set."""
+    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")

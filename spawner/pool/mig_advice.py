@@ -249,15 +249,17 @@ class _Search:
             self.choices[product] = list(dict.fromkeys([*combos, *stock]))
         now = _instances(self.current)
         # the slices each offered profile can start on, where the current layouts have one
-        self.kept = {a.label: frozenset(a.serves) for a in keep if any(now[slot] for slot in a.serves)}
+        # (by the slices, not the label: "1g.10gb" on H100s only and on A100s only are two asks)
+        self.kept = {frozenset(a.serves): a.label for a in keep if any(now[slot] for slot in a.serves)}
 
     def score(self, mix: Mix) -> Replay:
         return replay(_instances(mix), self.demand)
 
-    def key(self, mix: Mix) -> tuple[bool, int, int, int]:
-        """Higher is better: a mix that keeps a slice for each offered profile, then its replay's key."""
+    def key(self, mix: Mix) -> tuple[int, int, int, int]:
+        """Higher is better: more offered profiles left a slice (so a climb can restore them one at a time;
+        the current layouts leave every one), then the replay's key."""
         instances = _instances(mix)
-        keeps = all(any(instances[slot] for slot in slots) for slots in self.kept.values())
+        keeps = sum(any(instances[slot] for slot in slots) for slots in self.kept)
         return (keeps, *replay(instances, self.demand).key())
 
     def climb(self, mix: Mix) -> Mix:
@@ -291,7 +293,7 @@ class _Search:
         for product, combos in self.current.items():
             for _ in range(sum(combos.values())):
                 chosen = mix[product]
-                best: tuple[tuple[bool, int, int, int], Combo] | None = None
+                best: tuple[tuple[int, int, int, int], Combo] | None = None
                 for combo in self.choices[product]:
                     chosen[combo] += 1
                     key = self.key(mix)
@@ -317,7 +319,7 @@ def advise(gpus: Sequence[MigGpu], demand: Mapping[Ask, int], keep: Iterable[Ask
         demand=tuple(sorted(demand.items(), key=lambda item: (-item[0].units, item[0].label))),
         before=search.score(search.current),
         after=search.score(best),
-        kept=tuple(sorted(search.kept)),
+        kept=tuple(sorted(set(search.kept.values()))),
     )
 
 

@@ -188,8 +188,7 @@ def lease_manager(
     policy = policy_by_name(settings.policy)
     store = LeaseStore(settings.store_url)
     manager = LeaseManager(pool.nodes, store, policy=policy, quotas=quotas)
-    url = make_url(settings.store_url)  # a file's path as it is; a server's URL without its password
-    shown = (url.database or ":memory:") if url.get_backend_name() == "sqlite" else url.render_as_string()
+    shown = shown_store(settings.store_url)
     held = manager.all_leases(active_only=True)
     log.info(
         "lease store %s: %d active leases", shown, len(held)
@@ -273,3 +272,13 @@ def browser_login(settings: ServiceSettings) -> BrowserLogin | None:
 
 
 __all__ = ["Service", "assemble", "browser_login"]
+
+
+def shown_store(url: str) -> str:
+    """The lease store as the log names it: a file's path as it is; a server's URL without its password,
+    whether in its user part or in its query (``?password=``, ``?sslpassword=``)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return parsed.database or ":memory:"
+    query = {key: value for key, value in parsed.query.items() if "password" not in key.lower()}
+    return parsed.set(query=query).render_as_string(hide_password=True)

@@ -149,7 +149,10 @@ class ClusterFollower:
         because = None
         if silent_since is not None:
             since = time_of_day(silent_since)
-            because = f"the cluster's API server has not answered since {since}: nothing starts until it does"
+            because = (
+                f"gpupool has lost its watch of the cluster since {since} (its API server is down or failing): "
+                "nothing starts until it is back"
+            )
         self.manager.hold_placements(because)
 
     def health(self, name: str, problem: str | None) -> None:

@@ -34,7 +34,10 @@ class Preemptor:
         self._clock = clock
 
     def step(self) -> Preemption | None:
-        """One look: the preemption made, or None."""
+        """One look: the preemption made, or None. None while placements are held (a silent API server):
+        servers then wait for the cluster, not for devices, and a stopped job's devices would go to no one."""
+        if self.jobs.leases.placements_held is not None:
+            return None
         waiting = [
             WaitingServer(lease.id, lease.user, lease.request.gpu, lease.created_at, describe(lease.request))
             for lease in self.jobs.leases.all_leases(active_only=True)

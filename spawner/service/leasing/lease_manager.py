@@ -198,6 +198,11 @@ class LeaseManager:
         else:
             log.warning("placing nothing new: %s", because)
 
+    @property
+    def placements_held(self) -> str | None:
+        """Why nothing is placed now (see :meth:`hold_placements`); None while placing."""
+        return self._held_because
+
     def on_granted(self, listener: Callable[[list[Lease]], None]) -> None:
         """Call ``listener`` with the leases each admission pass grants (see the module docstring)."""
         with self._lock:
