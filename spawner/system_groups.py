@@ -11,23 +11,23 @@ import contextlib
 import grp
 import os
 import pwd
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .pool.profiles import Profile
 from .pool.quotas import QuotaPolicy
 
 
 def _is_group(name: str) -> bool:
-    try:
-        grp.getgrnam(name)
-    except KeyError:
-        return False
-    return True
+    return _found(grp.getgrnam, name)
 
 
 def _is_user(name: str) -> bool:
+    return _found(pwd.getpwnam, name)
+
+
+def _found(lookup: Callable[[str], object], name: str) -> bool:
     try:
-        pwd.getpwnam(name)
+        lookup(name)
     except KeyError:
         return False
     return True

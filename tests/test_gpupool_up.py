@@ -423,14 +423,7 @@ def test_the_production_config_loads_and_names_only_real_options(
 def test_the_production_config_without_a_driver_stops_the_hub_with_nvmls_error(tmp_path: Path) -> None:
     """No NVIDIA driver on the test machines: the hub must not start and serve a pool that is not there."""
     env = {k: v for k, v in os.environ.items() if k not in ("GPUPOOL_POOL", "GPUPOOL_SIMULATED_FALLBACK")}
-    result = subprocess.run(
-        [sys.executable, "-m", "jupyterhub", "-f", str(ROOT / "hub_config" / "jupyterhub_config.py")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = _start_production_hub(tmp_path, env)
     assert result.returncode != 0
     assert "NVML" in result.stderr and "GPUPOOL_SIMULATED_FALLBACK=1" in result.stderr, result.stderr[-2000:]
     assert not (tmp_path / "jupyterhub.sqlite").exists()  # it stopped before starting anything
@@ -443,16 +436,22 @@ def test_the_production_config_stops_on_a_bad_profiles_file_in_one_line(tmp_path
         "profiles:\n  - {slug: cpu, display_name: CPU, cpu: 1, memroy: 1GiB}\n"
     )
     env = {**os.environ, "GPUPOOL_POOL": str(DEMO_POOL), "GPUPOOL_PROFILES": str(tmp_path / "profiles.yaml")}
-    result = subprocess.run(
-        [sys.executable, "-m", "jupyterhub", "-f", str(ROOT / "hub_config" / "jupyterhub_config.py")],
-        cwd=tmp_path,
+    result = _start_production_hub(tmp_path, env)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "profile cpu: unknown field 'memroy' (did you mean 'memory'?)" in result.stderr.splitlines()[-1]
+
+
+def _start_production_hub(state: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """JupyterHub on the production configuration, in ``state``, for tests whose start must fail."""
+    config = ROOT / "hub_config" / "jupyterhub_config.py"
+    return subprocess.run(
+        [sys.executable, "-m", "jupyterhub", "-f", str(config)],
+        cwd=state,
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert "profile cpu: unknown field 'memroy' (did you mean 'memory'?)" in result.stderr.splitlines()[-1]
 
 
 def test_the_embedded_config_loads_and_names_only_real_options(

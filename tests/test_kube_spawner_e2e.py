@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import kubespawner.clients
 import pytest
 from hub_harness import free_port, service_command
 from jupyterhub.objects import Hub, Server
@@ -168,6 +169,44 @@ def test_users_get_pods_bound_by_the_scheduler_to_their_leased_nodes_with_their_
         and H100 in e["message"]
         for e in scheduled
     ), [e["message"] for e in scheduled]
+
+
+def test_a_start_that_finds_a_leftover_pod_of_its_name_keeps_the_lease_it_was_granted(
+    hub: Hub_, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Kubernetes trial stopped the hub while the API server was down, so the server's pod stayed. The next
+    start found it: KubeSpawner cleared it with the spawner's own stop(), which released the lease just
+    granted, and the new pod ran on a MIG slice gpupool then showed as free."""
+    point_kubespawner_at(monkeypatch, hub.kubeconfig)
+    # KubeSpawner shares its watches and clients between spawners, on the event loop that made them: this
+    # test's asyncio.run is a new loop, as a hub's one loop would not be
+    monkeypatch.setattr(KubeGPUSpawner, "reflectors", {})
+    monkeypatch.setattr(kubespawner.clients, "_client_cache", {})
+
+    async def scenario() -> None:
+        dave = _spawner(_User("dave", 4), hub, "mig-1g")
+        leftover = {
+            "metadata": {"name": dave.pod_name, "namespace": hub.namespace},
+            "spec": {
+                "restartPolicy": "Never",
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [
+                    {"name": "notebook", "image": "example.org/old:1", "command": ["sleep", "600"]}
+                ],
+            },
+        }
+        hub.kube.request("POST", f"/api/v1/namespaces/{hub.namespace}/pods", leftover)
+        url = await dave.start()
+        async with httpx.AsyncClient() as client:
+            assert await _answers(client, url)
+        lease = await _lease(hub.url, dave.lease_id)
+        assert lease["state"] == "granted", lease
+        pod = hub.pod(dave) or {}
+        assert pod["metadata"]["annotations"]["gpupool.io/lease"] == lease["id"]
+        await dave.stop()
+        assert (await _lease(hub.url, dave.lease_id))["state"] == "released"
+
+    asyncio.run(scenario())
 
 
 def _spawner(user: _User, hub: Hub_, profile: str) -> KubeGPUSpawner:

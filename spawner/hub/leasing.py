@@ -105,8 +105,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         self._released: set[str] = set()
         self._unreleased: set[str] = set()  # leases clear_state took off lease_id before they were released
         self._events: list[dict[str, Any]] = []
-        self._starting = False
-        self._granted = False  # the current start holds a granted lease; the base spawner's part has begun
+        self._starting, self._granted = False, False  # granted: this start's lease is, the base's start runs
 
     # ---- configuration ---------------------------------------------------------------------------------
 
@@ -217,10 +216,8 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         return env
 
     def _emit(self, message: str, progress: int | None = None) -> None:
-        event: dict[str, Any] = {"message": message}
-        if progress is not None:
-            event["progress"] = progress
-        self._events.append(event)
+        extra = {"progress": progress} if progress is not None else {}
+        self._events.append({"message": message, **extra})
 
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
         """Events from :meth:`start` up to the grant: the lease request, each change of queue position, the
@@ -343,8 +340,8 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
             await self._release_leftovers(service)  # in case the lost answer's lease was made after all
 
     def _waiting_for_service(self, error: GpupoolError, said: bool) -> bool:
-        """A service that does not answer is restarting (it restores leases and the queue from its store): say
-        so once and wait on. Any other error is raised."""
+        """A service that does not answer is restarting (it restores its leases and queue): say so once and
+        wait on. Any other error is raised."""
         if error.status not in _SERVICE_DOWN:
             raise error
         if not said:
@@ -383,11 +380,13 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         return status
 
     async def stop(self, now: bool = False) -> None:
-        """Stop the server as the base spawner does, then release the lease."""
+        """Stop the server as the base spawner does, then release the lease, unless the base spawner stops
+        within its own start (KubeSpawner so clears a leftover pod of the server's name): that keeps it."""
         try:
             await super().stop(now=now)
         finally:
-            await self._hand_back()
+            if not (self._starting and self._granted):
+                await self._hand_back()
 
     async def end_leftovers(self) -> None:
         """End what the server left running on its lease's devices, before the lease goes to someone else.
