@@ -67,6 +67,9 @@ def test_a_running_job_a_cluster_has_not_started_says_why() -> None:
     )
     table = jobs_table([_job(held_up=held, devices=[])])
     assert f"running (not started: {held})" in table
+    silent = "gpupool has lost its watch of the cluster since 22:15 UTC: nothing starts until it is back"
+    queued = jobs_table([_job(state="queued", position=0, held_up=silent, devices=[])])
+    assert f"queued (#1 in line; {silent})" in queued
 
 
 def test_names_are_escaped_and_an_empty_list_says_so() -> None:

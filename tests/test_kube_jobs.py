@@ -16,11 +16,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+import yaml
 from kube_cluster import (
     A100,
     LocalKube,
+    Relay,
     home_claim,
     l4_node,
     own_node,
@@ -353,6 +356,48 @@ def test_a_job_whose_pod_the_scheduler_cannot_place_says_why_while_it_has_not_st
         assert job_out(jobs, jobs.get(job.id)).held_up is None
 
     service.run(scenario)
+
+
+def test_a_job_placed_as_the_api_server_stops_answering_is_created_once_it_answers(
+    kube: LocalKube, tmp_path: Path
+) -> None:
+    """A Kubernetes trial's job, placed while the API server was shutting down, failed for good with
+    "its Kubernetes Job could not be created: ClientConnectorError". Its create is now tried again. (The
+    service reaches the API server through a relay this test cuts; the cluster keeps running.)"""
+    service = Service(kube, tmp_path)
+    backend = service.cluster.backend
+    target = urlsplit(kube.url)
+    relay = Relay(target.hostname or "127.0.0.1", target.port or 443)
+
+    async def scenario() -> None:
+        port = await relay.open(0)
+        config = yaml.safe_load(Path(backend.kubeconfig or "").read_text())
+        for cluster in config["clusters"]:
+            cluster["cluster"]["server"] = f"https://127.0.0.1:{port}"
+        (tmp_path / "relayed").write_text(yaml.safe_dump(config))
+        backend.kubeconfig = str(tmp_path / "relayed")
+        async with service.running() as jobs:
+            try:
+                job, _ = jobs.submit("alice", [], Submission(profile="a100", command=["true"]))
+                await relay.close()  # before the create, which runs as a task on this loop
+                said = await eventually(lambda: job_out(jobs, jobs.get(job.id)).held_up, "the create tried")
+                assert "the API server does not answer" in said, said
+                assert state(jobs, job) is JobState.RUNNING
+                await eventually(lambda: jobs.leases.placements_held, "placements held")
+                later, _ = jobs.submit("alice", [], Submission(profile="a100", command=["true"]))
+                waiting = job_out(jobs, jobs.get(later.id))  # what gpupool jobs and JobPanel show
+                assert waiting.state == "queued" and "lost its watch of the cluster" in (
+                    waiting.held_up or ""
+                )
+                await relay.open(port)
+                for each in (job, later):
+                    await eventually(
+                        lambda j=each: state(jobs, j) is JobState.SUCCEEDED, "jobs to succeed", 90
+                    )
+            finally:
+                await relay.close()
+
+    asyncio.run(scenario())
 
 
 def test_with_kueue_the_job_is_created_suspended_and_no_pod_starts(kube: LocalKube, tmp_path: Path) -> None:

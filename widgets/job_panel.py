@@ -65,12 +65,14 @@ def jobs_table(jobs: Iterable[Mapping[str, Any]], now: float | None = None) -> s
     rows = []
     for job in sorted(jobs, key=lambda j: j.get("submitted_at", 0), reverse=True):
         state = str(job["state"])
+        held_up = job.get("held_up")  # the cluster silent, or its pod not yet started: the cluster's words
         if state in ("queued", "requeued") and job.get("position") is not None:
             state += f" (#{int(job['position']) + 1} in line"
             start = job.get("expected_start")
-            state += f", expected to start by {_when(float(start), at)})" if start else ")"
-        elif job.get("held_up"):  # running on a cluster that has not started its command yet
-            state += f" (not started: {job['held_up']})"
+            state += f", expected to start by {_when(float(start), at)}" if start else ""
+            state += f"; {held_up})" if held_up else ")"
+        elif held_up:
+            state += f" (not started: {held_up})"
         devices = ", ".join(d.get("label", d.get("uuid", "")) for d in job.get("devices", [])) or "—"
         cells = (job["id"], job["name"], job["profile"], state, devices, job.get("reason", ""))
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")

@@ -123,13 +123,12 @@ def _submit(args: argparse.Namespace) -> int:
 def _place(model: dict[str, Any]) -> str:
     """Where a job stands before its command runs: ``#2 in the queue, expected to start by 14:05 UTC`` while
     it waits, ``not started: its pod is not scheduled: …`` while a cluster holds it up ('' once it runs)."""
-    if model.get("held_up"):
-        return f"not started: {model['held_up']}"
+    held_up = model.get("held_up")
     if model.get("position") is None:
-        return ""
+        return f"not started: {held_up}" if held_up else ""
     start = model.get("expected_start")
     by = f", expected to start by {time_of_day(float(start))}" if start else ""
-    return f"#{model['position'] + 1} in the queue{by}"
+    return f"#{model['position'] + 1} in the queue{by}" + (f"; {held_up}" if held_up else "")
 
 
 def _jobs(args: argparse.Namespace) -> int:

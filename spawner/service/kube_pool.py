@@ -28,7 +28,6 @@ Settings (:mod:`.settings`): ``kube_namespace``, ``kube_shared_resource``, ``kub
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -42,6 +41,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..kube import dcgm
+from ..kube.api_errors import in_words
 from ..kube.job_manifests import JobSettings, home_claim_name
 from ..kube.labels import SHARED_RESOURCE
 from ..kube.manifests import ManifestError
@@ -288,18 +288,7 @@ def load_kube_pool(
     try:
         return asyncio.run(snapshot())
     except Exception as error:  # any failure to reach or read the cluster stops the service, saying so
-        raise SystemExit(f"gpupool service: cannot read the cluster: {_reason(error)}") from None
-
-
-def _reason(error: Exception) -> str:
-    """An API error's status and the cluster's own sentence (who may not do what); anything else by type."""
-    if isinstance(error, ApiException):
-        try:
-            message = json.loads(error.body or "{}").get("message")
-        except (ValueError, AttributeError):
-            message = None
-        return f"{error.status} {message or error.reason}"
-    return f"{type(error).__name__}: {error}"
+        raise SystemExit(f"gpupool service: cannot read the cluster: {in_words(error)}") from None
 
 
 async def _check_namespace(api: Any, namespace: str) -> None:

@@ -106,8 +106,9 @@ class JobOut(BaseModel):
     )
     held_up: str | None = Field(
         default=None,
-        description="while running: what still keeps its command from starting (a pod not yet scheduled, a "
-        "Job waiting for Kueue); null once it runs",
+        description="what keeps it from starting beyond its place in the queue: while waiting, placements held "
+        "(the cluster's API server silent); while running, a pod not yet scheduled or a Job waiting for Kueue; "
+        "null once it runs",
     )
     checkpoint_dir: str
     log_path: str

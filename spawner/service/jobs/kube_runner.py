@@ -7,23 +7,20 @@ failure policy. Each attempt gets its own Job, ``gpupool-job-<id>-<attempt>``, s
 for the last attempt's Job to be deleted. ``backoffLimit`` is 0: gpupool, not the Job controller, decides
 about another attempt, because a new attempt needs a new lease (the old node may be gone).
 
-**The cache.** The manager asks its questions synchronously from its supervision step, so this runner never
-awaits there: two :class:`..kube.mirror.Mirror` watches (gpupool's training Jobs and their pods, by the
-``app.kubernetes.io/managed-by=gpupool`` and ``component=training-job`` labels, in the namespace) hold the
-cluster's view, creates and deletes run as tasks on the event loop, and a create's answer goes into the cache
-at once. Until the first list has arrived, every run counts as alive (nothing is judged on an empty cache).
+**The cache.** The manager asks synchronously from its supervision step, so this runner never awaits there:
+:class:`..kube.mirror.Mirror` watches of gpupool's training Jobs and their pods (by their labels) hold the
+cluster's view, creates (tried again while the API server does not answer) and deletes run as tasks on the
+event loop, and a create's answer goes into the cache at once. Until the first list has arrived, every run
+counts as alive.
 
 **How a run ended** is :func:`.kube_outcome.job_outcome`'s to say, from the Job and its pods.
 
-**Stopping** (cancel, timeout, a fault or drain): the Job is deleted with ``propagationPolicy: Foreground``
-and the grace period, so the kubelet sends SIGTERM and waits ``terminationGracePeriodSeconds``; the forced
-stop deletes the Job's pods with a grace period of 0. The run counts as alive until the watch says the Job
-is gone.
+**Stopping** (cancel, timeout, a fault or drain) deletes the Job with ``propagationPolicy: Foreground`` and
+the grace period (the kubelet's SIGTERM, then ``terminationGracePeriodSeconds``); the forced stop deletes its
+pods with a grace period of 0. The run counts as alive until the watch says the Job is gone.
 
-**Logs** come from the newest pod of the attempt (``GET .../pods/<pod>/log``, container ``main``). The
-manager reads them synchronously, so :meth:`KubeJobRunner.read_log` answers from a small cache and refreshes
-it in the background (at most every ``log_refresh_s``): a reader polls, as the API's ``follow`` does. Only
-the current attempt's log is shown; earlier attempts' pods are deleted with their Jobs.
+**Logs** come from the newest pod of the current attempt (container ``main``): :meth:`KubeJobRunner.read_log`
+answers from a small cache refreshed in the background (at most every ``log_refresh_s``), as readers poll.
 
 **Identity.** No system account is needed: the pod runs as ``settings.uid`` (1000 by default) with the
 user's home claim mounted at ``settings.home_mount``, and a job's paths are paths in that container.
@@ -40,9 +37,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from ...kube.api_errors import in_words
 from ...kube.job_manifests import MAIN_CONTAINER, JobSettings, home_claim_name, job_name, training_job
 from ...kube.job_status import disrupted_pod, finished_condition, holdup, owner_job
 from ...kube.labels import SHARED_RESOURCE
@@ -104,6 +103,7 @@ class KubeJobRunner:
         self._creating: set[str] = set()  # Jobs whose create is in flight
         self._stopping: set[str] = set()  # stopped while their create was in flight: delete once created
         self._create_failed: dict[str, str] = {}  # Job name -> why the API refused it
+        self._unanswered: dict[str, str] = {}  # Job name -> why its create is being tried again
         self._logs: OrderedDict[str, tuple[str, bytes, float]] = OrderedDict()  # job id -> (Job, log, when)
         self._log_reads: set[str] = set()
         # Job -> its pod the cluster took away, as last seen. The Job controller's finalizer and the kubelet
@@ -251,6 +251,8 @@ class KubeJobRunner:
 
     def holdup(self, job: Job) -> str | None:
         name = job_name(job.id, job.attempts)
+        if name in self._unanswered:
+            return f"its Job is not created yet: the API server does not answer ({self._unanswered[name]})"
         if name in self._creating:
             return "its Job is being created"
         found = self.jobs.objects.get(name) if self.jobs is not None else None
@@ -300,26 +302,43 @@ class KubeJobRunner:
             loop.call_soon_threadsafe(go)
 
     async def _create(self, name: str, manifest: JsonDict) -> None:
+        """Create the Job. While the API server does not answer (a restart, an upgrade), try again ever less
+        often, up to 15 s apart: the run then starts once it answers, where it used to fail for good."""
         assert self._batch is not None and self.jobs is not None
+        tries, made = 0, False
         try:
-            batch: Any = self._batch  # the client takes a plain dict as the body, its stubs do not say so
-            response = await batch.create_namespaced_job(
-                self.settings.namespace, manifest, _preload_content=False
-            )
-            self.jobs.remember(json.loads(await response.read()))
-            log.info("created Job %s on %s", name, _node_of(manifest))
-        except ApiException as error:
-            if error.status != 409:  # 409: created before a restart; the watch has it
-                self._create_failed[name] = _api_error(error)
-                log.warning("Job %s was refused: %s", name, self._create_failed[name])
-        except Exception as error:  # the API unreachable: the run fails, saying why
-            self._create_failed[name] = f"{type(error).__name__}: {error}"
-            log.warning("Job %s could not be created: %s", name, self._create_failed[name])
+            while not made and name not in self._stopping:
+                try:
+                    batch: Any = self._batch  # the client takes a plain dict as the body; its stubs disagree
+                    response = await batch.create_namespaced_job(
+                        self.settings.namespace, manifest, _preload_content=False
+                    )
+                    self.jobs.remember(json.loads(await response.read()))
+                    made = True
+                    log.info("created Job %s on %s", name, _node_of(manifest))
+                except ApiException as error:
+                    made = error.status == 409  # created before a restart; the watch has it
+                    if not made:
+                        self._create_failed[name] = in_words(error)
+                        log.warning("Job %s was refused: %s", name, self._create_failed[name])
+                        return
+                except (aiohttp.ClientError, TimeoutError, ConnectionError) as error:
+                    if name not in self._unanswered:
+                        log.warning("Job %s: the API server does not answer (%s); trying again", name, error)
+                    self._unanswered[name] = in_words(error)
+                    tries += 1
+                    await asyncio.sleep(min(0.5 * 2**tries, 15.0))
+                except Exception as error:  # anything else: the run fails, saying why
+                    self._create_failed[name] = in_words(error)
+                    log.warning("Job %s could not be created: %s", name, self._create_failed[name])
+                    return
         finally:
             self._creating.discard(name)
+            self._unanswered.pop(name, None)
         if name in self._stopping:
             self._stopping.discard(name)
-            await self._delete_job(name)
+            if made:
+                await self._delete_job(name)
 
     async def _delete_job(self, name: str) -> None:
         assert self._batch is not None
@@ -334,7 +353,7 @@ class KubeJobRunner:
             log.info("deleted Job %s (grace %d s)", name, self.settings.grace_seconds)
         except ApiException as error:
             if error.status != 404:
-                log.warning("deleting Job %s failed: %s", name, _api_error(error))
+                log.warning("deleting Job %s failed: %s", name, in_words(error))
 
     async def _delete_pod(self, name: str) -> None:
         assert self._core is not None
@@ -344,7 +363,7 @@ class KubeJobRunner:
             )
         except ApiException as error:
             if error.status != 404:
-                log.warning("deleting pod %s failed: %s", name, _api_error(error))
+                log.warning("deleting pod %s failed: %s", name, in_words(error))
 
     async def _refresh_log(self, job_id: str, name: str) -> None:
         assert self._core is not None and self._loop is not None
@@ -366,7 +385,7 @@ class KubeJobRunner:
                 self._logs.popitem(last=False)
         except ApiException as error:
             if error.status not in (400, 404):  # 400: the container has not started; 404: the pod is gone
-                log.warning("reading the log of Job %s failed: %s", name, _api_error(error))
+                log.warning("reading the log of Job %s failed: %s", name, in_words(error))
         finally:
             self._log_reads.discard(job_id)
 
@@ -379,11 +398,3 @@ def _node_of(manifest: Mapping[str, Any]) -> str:
     terms = manifest["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
     required = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     return str(required[0]["matchExpressions"][0]["values"][0])
-
-
-def _api_error(error: ApiException) -> str:
-    try:
-        message = json.loads(error.body or "{}").get("message") or ""
-    except (ValueError, AttributeError):
-        message = ""
-    return f"{error.status} {error.reason}" + (f": {message}" if message else "")

@@ -1,0 +1,19 @@
+"""An error from the Kubernetes API client, as one line a person reads: the status and the cluster's own
+sentence (who may not do what) for an answer, the error's type and text for no answer at all."""
+
+from __future__ import annotations
+
+import json
+
+from kubernetes_asyncio.client.exceptions import ApiException
+
+
+def in_words(error: Exception) -> str:
+    """``403 Forbidden: pods is forbidden: User "nobody" cannot list …``, or ``ClientConnectorError: …``."""
+    if not isinstance(error, ApiException):
+        return f"{type(error).__name__}: {error}"
+    try:
+        message = json.loads(error.body or "{}").get("message") or ""
+    except (ValueError, AttributeError):
+        message = ""
+    return f"{error.status} {error.reason}" + (f": {message}" if message else "")
