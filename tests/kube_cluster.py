@@ -311,6 +311,8 @@ class Relay:
         self.host, self.port = host, port
         self.server: asyncio.Server | None = None
         self.writers: set[asyncio.StreamWriter] = set()
+        self.flowing = asyncio.Event()  # cleared: connections stay open and nothing passes (a hung server)
+        self.flowing.set()
 
     async def open(self, port: int) -> int:
         self.server = await asyncio.start_server(self._relay, "127.0.0.1", port)
@@ -331,6 +333,7 @@ class Relay:
         async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
             with contextlib.suppress(ConnectionError, OSError):
                 while data := await source.read(65536):
+                    await self.flowing.wait()
                     sink.write(data)
                     await sink.drain()
             sink.close()

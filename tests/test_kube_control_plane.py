@@ -126,6 +126,38 @@ async def _until(condition: Callable[[], bool], timeout_s: float) -> None:
         await asyncio.sleep(0.1)
 
 
+def test_an_api_server_that_hangs_is_found_silent_and_answering_again(
+    kube: LocalKube, tmp_path: Path
+) -> None:
+    """A Kubernetes trial stopped the API server (SIGSTOP): for 5 min gpupool said "Live" and placed a job
+    whose Job then could not be created. Its watches, open but silent, said nothing; a probe does."""
+    target = urlsplit(kube.url)
+
+    async def scenario() -> None:
+        relay = Relay(target.hostname or "127.0.0.1", target.port or 443)
+        port = await relay.open(0)
+        config = write_kubeconfig(
+            tmp_path / "kubeconfig", f"https://127.0.0.1:{port}", kube.plane.pki.ca.cert, kube.plane.admin
+        )
+        api = await connect(str(config))
+        inventory = KubeInventory(api, retry_s=0.2, probe_s=0.3, probe_timeout_s=1.0)
+        await inventory.start()
+        try:
+            await asyncio.sleep(1)
+            assert inventory.unreachable_since is None
+            relay.flowing.clear()  # connections stay open; nothing comes back
+            await _until(lambda: inventory.unreachable_since is not None, 10)
+            relay.flowing.set()
+            await _until(lambda: inventory.unreachable_since is None, 30)
+        finally:
+            relay.flowing.set()
+            await inventory.stop()
+            await api.close()
+            await relay.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_pod_whose_secret_is_missing_waits_for_it_and_then_runs(kube: LocalKube, tmp_path: Path) -> None:
     """A Kubernetes trial applied the service's manifests before their Secrets: each pod Failed with a
     StartError and its ReplicaSet made 68 more in 7 s. A kubelet keeps such a container waiting instead."""

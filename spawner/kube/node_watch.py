@@ -4,7 +4,8 @@
 ``resourceVersion``. A watch that ends (its server-side timeout, an API server restart, a proxy dropping the
 connection) resumes from the last version it saw, so nothing is read twice and nothing is missed; a version
 the API server no longer keeps (410 Gone) makes that kind be listed afresh (each kind is a
-:class:`.mirror.Mirror`). Every change is judged at once:
+:class:`.mirror.Mirror`). A watch of a server that hangs says nothing, so the server is also asked its version
+every ``probe_s``; ``unreachable_since`` covers both. Every change is judged at once:
 when a node's health (:func:`.labels.node_problem`) or the GPU usage of other workloads on a node
 (:func:`.labels.external_usage`) changes, the callbacks hear of it, on the event loop.
 
@@ -14,12 +15,17 @@ tests can hand it the same dicts. It decides nothing: the service applies what i
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from .labels import SHARED_RESOURCE, KubeNode, NodeLabelError, external_usage, node_problem, parse_node
 from .mirror import Mirror, Obj
@@ -28,6 +34,10 @@ log = logging.getLogger(__name__)
 
 HealthListener = Callable[[str, str | None], None]  # node, why it is out (None: healthy again)
 UsageListener = Callable[[str, dict[str, int]], None]  # node, GPU resource -> units other workloads hold
+PROBE_S, PROBE_TIMEOUT_S = (
+    10.0,
+    5.0,
+)  # how often the API server is asked to answer at all, and how long it has
 ReachListener = Callable[[float | None], None]  # since when the API server is silent (None: it answers)
 
 
@@ -53,8 +63,14 @@ class KubeInventory:
         shared_resource: str = SHARED_RESOURCE,
         watch_timeout_s: int = 300,
         retry_s: float = 1.0,
+        probe_s: float = PROBE_S,
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
     ) -> None:
         core = client.CoreV1Api(api)
+        self._version = client.VersionApi(api)
+        self._probe_s, self._probe_timeout_s = probe_s, probe_timeout_s
+        self._probe_task: asyncio.Task[None] | None = None
+        self._silent_since: float | None = None  # since when the probe has had no answer
         self.shared_resource = shared_resource
         self.problems: dict[str, str | None] = {}
         self.usage: dict[str, dict[str, int]] = {}
@@ -93,7 +109,7 @@ class KubeInventory:
     def unreachable_since(self) -> float | None:
         """Since when the API server has not answered the watches (wall clock); None while it answers."""
         lost = [m.lost_since for m in (self._nodes, self._pods) if m.lost_since is not None]
-        return min(lost, default=None)
+        return min([*lost, self._silent_since] if self._silent_since is not None else lost, default=None)
 
     @property
     def relists(self) -> int:
@@ -142,10 +158,37 @@ class KubeInventory:
         """List nodes and pods (so the inventory is complete when this returns), then watch in the background."""
         await self._nodes.start()
         await self._pods.start()
+        self._probe_task = asyncio.create_task(self._probe(), name="gpupool-kube-probe")
 
     async def stop(self) -> None:
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
         await self._nodes.stop()
         await self._pods.stop()
+
+    async def _probe(self) -> None:
+        """Ask the API server its version every ``probe_s``: a watch of a server that hangs (stopped, or its
+        network dropping packets) waits without end, and only an answer that does not come says so."""
+        while True:
+            await asyncio.sleep(self._probe_s)
+            try:
+                await asyncio.wait_for(self._version.get_code(), self._probe_timeout_s)
+            except ApiException:
+                pass  # an answer, if not the one asked for
+            except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
+                if self._silent_since is None:
+                    self._silent_since = time.time()
+                    log.warning(
+                        "the API server did not answer within %g s (%r)", self._probe_timeout_s, error
+                    )
+                    self._reach_changed()
+                continue
+            if self._silent_since is not None:
+                log.warning("the API server answers again")
+                self._silent_since = None
+                self._reach_changed()
 
     def _nodes_changed(self, touched: list[Obj]) -> None:
         self._judge_nodes({_name(node) for node in touched})
