@@ -164,6 +164,9 @@ def production_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config
     """``hub_config/jupyterhub_config.py`` as JupyterHub loads it (it keeps a token in its working folder)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GPUPOOL_POOL", str(DEMO_POOL))  # no GPU here: a simulated pool on purpose
+    # the files gpupool install puts in /etc/gpupool, which the configuration reads at load
+    monkeypatch.setenv("GPUPOOL_PROFILES", str(ROOT / "hub_config" / "profiles.yaml"))
+    monkeypatch.setenv("GPUPOOL_QUOTAS", str(ROOT / "hub_config" / "quotas.yaml"))
     config = Config()
     source = (ROOT / "hub_config" / "jupyterhub_config.py").read_text()
     exec(compile(source, "jupyterhub_config.py", "exec"), {"get_config": lambda: config})
