@@ -312,11 +312,13 @@ class Relay:
         self.server: asyncio.Server | None = None
         self.writers: set[asyncio.StreamWriter] = set()
         self.flowing = asyncio.Event()  # cleared: connections stay open and nothing passes (a hung server)
+        self.port_open = 0  # the port it listens on, to open again after a cut
         self.flowing.set()
 
     async def open(self, port: int) -> int:
         self.server = await asyncio.start_server(self._relay, "127.0.0.1", port)
-        return int(self.server.sockets[0].getsockname()[1])
+        self.port_open = int(self.server.sockets[0].getsockname()[1])
+        return self.port_open
 
     async def close(self) -> None:
         if self.server is not None:

@@ -9,7 +9,8 @@ import base64
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -88,18 +89,9 @@ def test_a_silent_api_server_is_said_once_and_known_until_it_answers_again(
     85 s, and `gpupool pool` still said "Live" with every node healthy. The service now knows since when. (The
     service reaches the API server through a relay this test cuts, so the cluster itself keeps running.)"""
     caplog.set_level(logging.DEBUG, logger="gpupool.spawner.kube.mirror")
-    target = urlsplit(kube.url)
 
     async def scenario() -> None:
-        relay = Relay(target.hostname or "127.0.0.1", target.port or 443)
-        port = await relay.open(0)
-        config = write_kubeconfig(
-            tmp_path / "kubeconfig", f"https://127.0.0.1:{port}", kube.plane.pki.ca.cert, kube.plane.admin
-        )
-        api = await connect(str(config))
-        inventory = KubeInventory(api, retry_s=0.2)
-        await inventory.start()
-        try:
+        async with relayed_inventory(kube, tmp_path) as (relay, inventory):
             assert inventory.unreachable_since is None
             cutting = time.time()
             await relay.close()
@@ -108,15 +100,34 @@ def test_a_silent_api_server_is_said_once_and_known_until_it_answers_again(
             await asyncio.sleep(3)  # at 0.2 s a try, 15 warnings before
             warned = [r for r in caplog.records if r.levelno >= logging.WARNING and "lost" in r.message]
             assert len(warned) <= 2, [r.message for r in warned]  # once per watch (nodes, pods)
-            await relay.open(port)
+            await relay.open(relay.port_open)
             await _until(lambda: inventory.unreachable_since is None, 60)
             assert any("is back after" in r.message for r in caplog.records)
-        finally:
-            await inventory.stop()
-            await api.close()
-            await relay.close()
 
     asyncio.run(scenario())
+
+
+@asynccontextmanager
+async def relayed_inventory(
+    kube: LocalKube, tmp_path: Path, **options: float
+) -> AsyncIterator[tuple[Relay, KubeInventory]]:
+    """The inventory, watching the real API server through a relay the test can cut or freeze."""
+    target = urlsplit(kube.url)
+    relay = Relay(target.hostname or "127.0.0.1", target.port or 443)
+    port = await relay.open(0)
+    config = write_kubeconfig(
+        tmp_path / "kubeconfig", f"https://127.0.0.1:{port}", kube.plane.pki.ca.cert, kube.plane.admin
+    )
+    api = await connect(str(config))
+    inventory = KubeInventory(api, retry_s=0.2, **options)
+    await inventory.start()
+    try:
+        yield relay, inventory
+    finally:
+        relay.flowing.set()
+        await inventory.stop()
+        await api.close()
+        await relay.close()
 
 
 async def _until(condition: Callable[[], bool], timeout_s: float) -> None:
@@ -131,29 +142,15 @@ def test_an_api_server_that_hangs_is_found_silent_and_answering_again(
 ) -> None:
     """A Kubernetes trial stopped the API server (SIGSTOP): for 5 min gpupool said "Live" and placed a job
     whose Job then could not be created. Its watches, open but silent, said nothing; a probe does."""
-    target = urlsplit(kube.url)
 
     async def scenario() -> None:
-        relay = Relay(target.hostname or "127.0.0.1", target.port or 443)
-        port = await relay.open(0)
-        config = write_kubeconfig(
-            tmp_path / "kubeconfig", f"https://127.0.0.1:{port}", kube.plane.pki.ca.cert, kube.plane.admin
-        )
-        api = await connect(str(config))
-        inventory = KubeInventory(api, retry_s=0.2, probe_s=0.3, probe_timeout_s=1.0)
-        await inventory.start()
-        try:
+        async with relayed_inventory(kube, tmp_path, probe_s=0.3, probe_timeout_s=1.0) as (relay, inventory):
             await asyncio.sleep(1)
             assert inventory.unreachable_since is None
             relay.flowing.clear()  # connections stay open; nothing comes back
             await _until(lambda: inventory.unreachable_since is not None, 10)
             relay.flowing.set()
             await _until(lambda: inventory.unreachable_since is None, 30)
-        finally:
-            relay.flowing.set()
-            await inventory.stop()
-            await api.close()
-            await relay.close()
 
     asyncio.run(scenario())
 
