@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import json
 
+import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
+
+# What the client raises when the API server gives no answer at all (down, hung, the network gone), as
+# against an ApiException, which is an answer.
+NO_ANSWER: tuple[type[Exception], ...] = (TimeoutError, aiohttp.ClientError, ConnectionError)
 
 
 def in_words(error: Exception) -> str:

@@ -19,9 +19,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 from kubernetes_asyncio import watch
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from .api_errors import NO_ANSWER
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class Mirror:
                     await self._relisted()
                 else:
                     await self._failed(f"{error.status} {error.reason}")
-            except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
+            except NO_ANSWER as error:
                 self.resumes += 1
                 await self._failed(str(error) or type(error).__name__)
 
@@ -167,7 +168,9 @@ class Mirror:
                 await self.relist()
                 self._answered()
                 return
-            except (TimeoutError, ApiException, aiohttp.ClientError, ConnectionError) as error:
+            except ApiException as error:
+                await self._failed(f"listing: {error}")
+            except NO_ANSWER as error:
                 await self._failed(f"listing: {error}")
 
     def _apply(self, event: str, obj: Obj) -> None:

@@ -23,10 +23,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from .api_errors import NO_ANSWER
 from .labels import SHARED_RESOURCE, KubeNode, NodeLabelError, external_usage, node_problem, parse_node
 from .mirror import Mirror, Obj
 
@@ -34,10 +34,8 @@ log = logging.getLogger(__name__)
 
 HealthListener = Callable[[str, str | None], None]  # node, why it is out (None: healthy again)
 UsageListener = Callable[[str, dict[str, int]], None]  # node, GPU resource -> units other workloads hold
-PROBE_S, PROBE_TIMEOUT_S = (
-    10.0,
-    5.0,
-)  # how often the API server is asked to answer at all, and how long it has
+PROBE_S = 10.0  # how often the API server is asked to answer at all
+PROBE_TIMEOUT_S = 5.0  # and how long it has to
 ReachListener = Callable[[float | None], None]  # since when the API server is silent (None: it answers)
 
 
@@ -107,9 +105,9 @@ class KubeInventory:
 
     @property
     def unreachable_since(self) -> float | None:
-        """Since when the API server has not answered the watches (wall clock); None while it answers."""
-        lost = [m.lost_since for m in (self._nodes, self._pods) if m.lost_since is not None]
-        return min([*lost, self._silent_since] if self._silent_since is not None else lost, default=None)
+        """Since when the API server has not answered a watch or the probe (wall clock); None while it does."""
+        times = (self._nodes.lost_since, self._pods.lost_since, self._silent_since)
+        return min((t for t in times if t is not None), default=None)
 
     @property
     def relists(self) -> int:
@@ -177,7 +175,7 @@ class KubeInventory:
                 await asyncio.wait_for(self._version.get_code(), self._probe_timeout_s)
             except ApiException:
                 pass  # an answer, if not the one asked for
-            except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
+            except NO_ANSWER as error:
                 if self._silent_since is None:
                     self._silent_since = time.time()
                     log.warning(

@@ -45,8 +45,10 @@ def job_out(jobs: JobManager, job: Job) -> JobOut:
     while it waits its place and expected start."""
     position = jobs.position(job)
     start = jobs.leases.expected_start(job.lease_id) if position is not None and job.lease_id else None
-    held_up = jobs.runner.holdup(job) if job.state is JobState.RUNNING else None
-    if job.state.waiting:  # e.g. the cluster's API server silent: no place in the queue moves
+    held_up = None
+    if job.state is JobState.RUNNING:
+        held_up = jobs.runner.holdup(job)
+    elif job.state.waiting:  # e.g. the cluster's API server silent: no place in the queue moves
         held_up = jobs.leases.placements_held
     return JobOut.from_job(job, jobs.lease_of(job), position, start, held_up)
 

@@ -37,11 +37,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
-import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from ...kube.api_errors import in_words
+from ...kube.api_errors import NO_ANSWER, in_words
 from ...kube.job_manifests import MAIN_CONTAINER, JobSettings, home_claim_name, job_name, training_job
 from ...kube.job_status import disrupted_pod, finished_condition, holdup, owner_job
 from ...kube.labels import SHARED_RESOURCE
@@ -322,7 +321,7 @@ class KubeJobRunner:
                         self._create_failed[name] = in_words(error)
                         log.warning("Job %s was refused: %s", name, self._create_failed[name])
                         return
-                except (aiohttp.ClientError, TimeoutError, ConnectionError) as error:
+                except NO_ANSWER as error:
                     if name not in self._unanswered:
                         log.warning("Job %s: the API server does not answer (%s); trying again", name, error)
                     self._unanswered[name] = in_words(error)
