@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from kube_cluster import LocalKube, Relay, eventually
+from kube_cluster import H100, LocalKube, Relay, eventually
 
 from gpupool.spawner.kube.local.control_plane import write_kubeconfig
 from gpupool.spawner.kube.local.pki import client_tls
@@ -166,6 +166,8 @@ def test_a_pod_whose_secret_is_missing_waits_for_it_and_then_runs(kube: LocalKub
         "metadata": {"name": "reads-a-secret", "namespace": namespace},
         "spec": {
             "restartPolicy": "Never",
+            # a node of the session's pool: another test's own node may go silent or be removed under it
+            "nodeSelector": {"kubernetes.io/hostname": H100},
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             "containers": [
                 {

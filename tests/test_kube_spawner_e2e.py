@@ -189,6 +189,7 @@ def test_a_start_that_finds_a_leftover_pod_of_its_name_keeps_the_lease_it_was_gr
             "metadata": {"name": dave.pod_name, "namespace": hub.namespace},
             "spec": {
                 "restartPolicy": "Never",
+                "nodeSelector": {"kubernetes.io/hostname": H100},  # not another test's passing node
                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                 "containers": [
                     {"name": "notebook", "image": "example.org/old:1", "command": ["sleep", "600"]}
