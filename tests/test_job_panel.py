@@ -39,6 +39,10 @@ def test_each_usable_profile_says_how_many_could_start_now_and_how_many_wait() -
         ("One H100 — 0 free now, 3 queued", "h100"),
         ("One B200 — cannot run on this pool: no B200", "b200"),
     ]
+    over = profiles[0] | {"over_quota": "alice's quota allows 4 CPUs at once; 4 are held or queued"}
+    assert profile_choices([over]) == [
+        ("CPU only — not now: alice's quota allows 4 CPUs at once; 4 are held or queued", "cpu")
+    ]
 
 
 def test_the_table_lists_newest_first_with_devices_and_queue_place() -> None:

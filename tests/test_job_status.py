@@ -1,10 +1,12 @@
-"""What a Kubernetes Job and its pods say of a run that has not started, read from the API's plain dicts (the
-end-to-end cases, a real scheduler's refusal and a Job waiting for Kueue, are in ``test_kube_jobs``)."""
+"""What a Kubernetes Job, its pods and its events say of a run that has not started, read from the API's plain
+dicts (the end-to-end cases, a real scheduler's refusal, a Job waiting for Kueue and a ResourceQuota's
+refusal, are in ``test_kube_jobs``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from gpupool.spawner.kube.create_refusals import CreateRefusals
 from gpupool.spawner.kube.job_status import holdup
 
 JOB: dict[str, Any] = {"metadata": {"name": "gpupool-job-1-1"}, "spec": {}, "status": {}}
@@ -41,3 +43,27 @@ def test_a_pod_without_a_creation_time_yet_is_not_taken_for_the_newest() -> None
 def test_a_suspended_job_names_its_kueue_queue() -> None:
     suspended = {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "team-a"}}, "spec": {"suspend": True}}
     assert holdup(suspended, []) == "its Job is suspended until Kueue admits it (queue team-a)"
+
+
+def _event(job: str, message: str, reason: str = "FailedCreate", kind: str = "Job") -> dict[str, Any]:
+    return {"involvedObject": {"kind": kind, "name": job}, "reason": reason, "message": message}
+
+
+def test_a_refusal_is_timed_from_the_first_heard_and_says_the_newest_reason_in_the_clusters_words() -> None:
+    now = [100.0]
+    refusals = CreateRefusals(clock=lambda: now[0])
+    refusals.heard(
+        [
+            _event("gpupool-job-1-1", "Error creating: pods is forbidden: exceeded quota: a"),
+            _event("gpupool-job-1-1", "Error creating: x", reason="SuccessfulCreate"),
+            _event("gpupool-job-2-1", "Error creating: x", kind="CronJob"),
+        ]
+    )
+    assert refusals.of("gpupool-job-2-1") is None
+    now[0] = 130.0
+    refusals.heard([_event("gpupool-job-1-1", "Error creating: admission webhook denied the request")])
+    refusal = refusals.of("gpupool-job-1-1")
+    assert refusal is not None and refusal.seconds == 30.0
+    assert refusal.message == "admission webhook denied the request"
+    refusals.forget("gpupool-job-1-1")
+    assert refusals.of("gpupool-job-1-1") is None

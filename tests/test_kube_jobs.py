@@ -29,6 +29,7 @@ from kube_cluster import (
     own_node,
     service_account_kubeconfig,
 )
+from kube_cluster import eventually as kube_eventually
 
 from gpupool.spawner.kube.job_manifests import job_name
 from gpupool.spawner.pool.job_states import Job, JobState
@@ -63,7 +64,7 @@ class Service:
     """The service as its composition root builds it for ``GPUPOOL_BACKEND=kubernetes``, in a namespace of the
     test's own, as the manifests' ServiceAccount; the tests drive its job manager and watches."""
 
-    def __init__(self, kube: LocalKube, tmp: Path, queue: str = "") -> None:
+    def __init__(self, kube: LocalKube, tmp: Path, queue: str = "", **settings: Any) -> None:
         self.kube = kube
         self.namespace = kube.namespace("jobs")
         for user in ("alice", "bob"):
@@ -84,6 +85,7 @@ class Service:
                 hub_api_url="http://127.0.0.1:9/hub/api",  # no hub: these tests call the managers directly
                 reconcile_seconds=0,
                 sample_seconds=0,
+                **settings,
             )
         )
         self.manager, self.jobs = self.service.manager, self.service.jobs
@@ -354,6 +356,41 @@ def test_a_job_whose_pod_the_scheduler_cannot_place_says_why_while_it_has_not_st
         jobs.cancel(job.id, "user dave")
         await eventually(lambda: state(jobs, job) is JobState.CANCELLED, "the job cancelled")
         assert job_out(jobs, jobs.get(job.id)).held_up is None
+
+    service.run(scenario)
+
+
+def test_a_job_whose_pod_a_resource_quota_refuses_says_so_then_fails_and_gives_its_gpu_back(
+    kube: LocalKube, tmp_path: Path
+) -> None:
+    """Stop 34 left this alone: a namespace's ResourceQuota refused the Job's pod, the job read "its Job has no
+    pod yet" and held its A100 until its maximum runtime. The Job controller's FailedCreate event says why."""
+    service = Service(kube, tmp_path, kube_job_refused_seconds=4)
+    quota = {"metadata": {"name": "no-gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "0"}}}
+    path = f"/api/v1/namespaces/{service.namespace}/resourcequotas"
+    kube.request("POST", path, quota)
+    await_quota = f"{path}/no-gpus"
+    # until the quota controller has counted the namespace, admission refuses with another reason
+    kube_eventually(lambda: (kube.get(await_quota) or {}).get("status", {}).get("hard"), "the quota counted")
+
+    async def scenario(jobs: JobManager) -> None:
+        job, _ = jobs.submit("alice", [], Submission(profile="a100", command=["true"]))
+        said = await eventually(
+            lambda: (
+                (job_out(jobs, jobs.get(job.id)).held_up or "").startswith("the cluster refuses")
+                and job_out(jobs, jobs.get(job.id)).held_up
+            ),
+            "the cluster's refusal shown",
+        )
+        assert "exceeded quota: no-gpus" in said and "the run fails after 4 s" in said, said
+        assert state(jobs, job) is JobState.RUNNING and jobs.leases.pool.allocations != {}
+        await eventually(lambda: state(jobs, job).finished, "the refused job to end")
+        ended = jobs.get(job.id)
+        assert ended.state is JobState.FAILED and ended.requeues == 0, ended
+        assert ended.reason.startswith("the cluster refused to create its pod for "), ended.reason
+        assert "exceeded quota: no-gpus" in ended.reason and "Error creating" not in ended.reason
+        await eventually(lambda: jobs.leases.pool.allocations == {}, "its A100 back in the pool")
+        await eventually(lambda: service.kube_job(job) is None, "its Job deleted")
 
     service.run(scenario)
 

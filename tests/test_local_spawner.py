@@ -109,7 +109,10 @@ def _wait_for(check: Callable[[], bool], what: str, hub_log: Path, timeout: floa
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
-    yield from spawner_hub(tmp_path_factory.mktemp("spawner-hub"), ("alice", "bob", "carol", "dave"))
+    tmp = tmp_path_factory.mktemp("spawner-hub")
+    (tmp / "quotas.yaml").write_text("users:\n  erin: {mig_slices: 1}\n")  # nobody else is limited
+    users = ("alice", "bob", "carol", "dave", "erin")
+    yield from spawner_hub(tmp, users, {"GPUPOOL_QUOTAS": str(tmp / "quotas.yaml")})
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
@@ -171,17 +174,22 @@ def _free_devices(hub: Hub, admin: httpx.Client) -> set[str]:
 # ---- tests --------------------------------------------------------------------------------------------
 
 
-def test_the_spawn_form_lists_the_profiles_with_live_availability(hub: Hub) -> None:
+def _spawn_page(hub: Hub, user: str) -> str:
+    """The spawn form's HTML as ``user`` sees it after logging in."""
     with httpx.Client(base_url=hub.url, timeout=20, follow_redirects=True) as browser:
         browser.get("/hub/login")  # sets the _xsrf cookie the login form must echo
         login = browser.post(
             "/hub/login?next=/hub/spawn",
-            data={"username": "dave", "password": "any", "_xsrf": browser.cookies["_xsrf"]},
+            data={"username": user, "password": "any", "_xsrf": browser.cookies["_xsrf"]},
         )
         assert login.status_code == 200, login.text[-2000:]
         page = browser.get("/hub/spawn")
     assert page.status_code == 200, page.text[-2000:]
-    html = page.text
+    return page.text
+
+
+def test_the_spawn_form_lists_the_profiles_with_live_availability(hub: Hub) -> None:
+    html = _spawn_page(hub, "dave")
     assert 'class="gpupool-form"' in html
     for slug in ("cpu", "mig-3g", "h100"):
         assert f'type="radio" name="profile" id="gpupool-profile-{slug}" value="{slug}"' in html
@@ -189,6 +197,26 @@ def test_the_spawn_form_lists_the_profiles_with_live_availability(hub: Hub) -> N
     assert "2 could start now" in html  # two free 3g.40gb slices
     assert "Only members of training may use this profile" in html  # h100-x4 shows why, without a radio
     assert 'value="h100-x4"' not in html
+
+
+def test_the_spawn_form_closes_a_profile_the_users_quota_refuses_now_saying_why(hub: Hub) -> None:
+    """Stop 34 left this alone: with her one MIG slice held by another server, erin's form still said "2 could start
+    now" for mig-3g, and her start was then refused for her quota."""
+    auth = {"Authorization": f"token {HUB_CLIENT_TOKEN}"}
+    with httpx.Client(base_url=hub.service_api, headers=auth, timeout=20) as spawner:
+        held = spawner.post(
+            "/leases",
+            json={"profile": "mig-3g", "owner_kind": "server", "owner_name": "other", "user": "erin"},
+        )
+        assert held.status_code == 201, held.text
+        try:
+            html = _spawn_page(hub, "erin")
+        finally:
+            assert spawner.delete(f"/leases/{held.json()['id']}").status_code == 200
+    said = "erin&#x27;s quota allows 1 MIG slice at once; 1 is held or queued and 1 more was asked for"
+    assert said in html and 'value="mig-3g"' not in html
+    assert 'value="h100"' in html  # her quota limits MIG slices only
+    assert 'value="mig-3g"' in _spawn_page(hub, "erin")  # given back: open again
 
 
 def test_two_users_start_at_once_and_get_disjoint_devices_pinned_in_their_environment(hub: Hub) -> None:

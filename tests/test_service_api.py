@@ -312,6 +312,25 @@ def test_the_quota_says_what_carol_may_hold_and_what_she_holds(hub: Hub) -> None
         assert carol.get("/quota").json()["summary"] == "Your quota: 1 MIG slice, 0 held"
 
 
+def test_profiles_say_what_carols_quota_refuses_now_with_the_limit_named(hub: Hub) -> None:
+    """Stop 34 left this alone: with her one MIG slice held, carol's form still said "2 could start now" for
+    mig-3g, and the start was then refused for her quota (the form itself: ``test_local_spawner``)."""
+    with hub.as_user("hub-client") as spawner:  # what earlier tests left carol holding goes back first
+        for left in spawner.get("/leases", params={"user": "carol", "active_only": True}).json():
+            assert spawner.delete(f"/leases/{left['id']}").status_code == 200
+    lease = _new_lease(hub, "carol", "mig-1g")
+    with hub.as_user("carol") as carol, hub.as_user("bob") as bob:
+        mine = {p["slug"]: p for p in carol.get("/profiles").json()}
+        said = "carol's quota allows 1 MIG slice at once; 1 is held or queued and 1 more was asked for"
+        assert mine["mig-3g"]["over_quota"] == said and mine["mig-3g"]["available_now"] > 0
+        assert mine["h100"]["over_quota"] is None  # her quota limits MIG slices only
+        assert all(p["over_quota"] is None for p in bob.get("/profiles").json())
+        assert bob.get("/profiles", params={"user": "carol"}).status_code == 403
+    _release(hub, lease)
+    with hub.as_user("carol") as carol:
+        assert {p["slug"]: p for p in carol.get("/profiles").json()}["mig-3g"]["over_quota"] is None
+
+
 def test_a_walltime_is_kept_with_the_lease_and_one_past_the_profiles_lifetime_is_refused(hub: Hub) -> None:
     with hub.as_user("hub-client") as spawner:
         too_long = spawner.post(

@@ -36,12 +36,14 @@ _LOG_TAIL = 20_000  # characters of the log shown; the rest is one job.logs() aw
 
 def profile_choices(profiles: Iterable[Mapping[str, Any]], now: float | None = None) -> list[tuple[str, str]]:
     """``(label, slug)`` per profile the user may use, as the spawn form lists them: the label says how many
-    could start now, or why the pool can never run it."""
+    could start now, or why the pool can never run it or the user's quota refuses it now."""
     at = time.time() if now is None else now
     choices = []
     for profile in profiles:
         if profile.get("never_fits"):
             label = f"{profile['display_name']} — cannot run on this pool: {profile['never_fits']}"
+        elif profile.get("over_quota"):
+            label = f"{profile['display_name']} — not now: {profile['over_quota']}"
         else:
             now, queued = int(profile.get("available_now", 0)), int(profile.get("queued", 0))
             waiting = f", {queued} queued" if queued else ""

@@ -23,6 +23,7 @@ class Availability:
     never_fits: dict[str, str]
     backend: str
     expected_starts: dict[str, float] = field(default_factory=dict)  # slug: when one asked now could start
+    over_quota: dict[str, str] = field(default_factory=dict)  # slug: why the user's quota refuses it now
 
 
 class ServiceClient(Connection):
@@ -32,22 +33,20 @@ class ServiceClient(Connection):
     def __init__(self, base_url: str, token: str, *, timeout: float = 10.0) -> None:
         super().__init__(base_url, token, environ={}, timeout=timeout)  # the hub says both, never its env
 
-    async def profiles(self, user: str | None = None) -> list[dict[str, Any]]:
-        """``GET profiles``: the profiles the token may use, each with ``available_now``, ``queued`` and
-        ``never_fits``. ``user`` is sent as a query parameter for a service that answers per user; today the
-        service answers for the token's owner (the hub: every profile open to all, none restricted to
-        groups)."""
-        params = {"user": user} if user else None
+    async def profiles(self, user: str | None = None, groups: Iterable[str] = ()) -> list[dict[str, Any]]:
+        """``GET profiles``: the profiles the token may use (the hub's: all), each with ``available_now``,
+        ``queued``, ``never_fits``, and ``over_quota`` judged for ``user`` with ``groups``."""
+        params = {"user": user, "groups": sorted(groups)} if user else None
         return cast(list[dict[str, Any]], await self.acall("GET", "profiles", params=params))
 
     async def pool(self) -> dict[str, Any]:
         """``GET pool``: nodes, devices, what is free, health and ``backend``."""
         return cast(dict[str, Any], await self.acall("GET", "pool"))
 
-    async def availability(self, user: str | None = None) -> Availability:
-        """Per-profile counts and never-fits reasons from ``GET profiles``, and the backend from
-        ``GET pool``."""
-        profiles = await self.profiles(user)
+    async def availability(self, user: str | None = None, groups: Iterable[str] = ()) -> Availability:
+        """Per-profile counts, never-fits reasons and ``user``'s quota refusals from ``GET profiles``, and the
+        backend from ``GET pool``."""
+        profiles = await self.profiles(user, groups)
         pool = await self.pool()
         return Availability(
             counts={p["slug"]: (int(p["available_now"]), int(p["queued"])) for p in profiles},
@@ -56,6 +55,7 @@ class ServiceClient(Connection):
             expected_starts={
                 p["slug"]: float(p["expected_start"]) for p in profiles if p.get("expected_start")
             },
+            over_quota={p["slug"]: str(p["over_quota"]) for p in profiles if p.get("over_quota")},
         )
 
     async def quota_summary(self, user: str, groups: Iterable[str]) -> str:

@@ -97,11 +97,11 @@ def choices_for(
 def from_service(
     profiles: Sequence[Profile], user_groups: Iterable[str], is_admin: bool, live: Availability, now: float
 ) -> list[ProfileChoice]:
-    """:func:`choices_for` with what the service said: counts, never-fits reasons, the backend, and when one
-    asked ``now`` could expect to start."""
+    """:func:`choices_for` with what the service said: counts, never-fits reasons, what the user's quota
+    refuses now, the backend, and when one asked ``now`` could expect to start."""
     waits = {slug: in_words(start, now, time_of_day) for slug, start in live.expected_starts.items()}
     simulated = live.backend == "simulated"
-    blocked = dict(live.never_fits)
+    blocked = live.over_quota | live.never_fits
     if live.backend:  # the service answered: a profile it does not know would be refused at the start
         blocked |= {p.slug: NOT_IN_SERVICE for p in profiles if p.slug not in live.counts}
     return choices_for(

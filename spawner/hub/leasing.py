@@ -152,7 +152,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         """Every profile with this user's permission and the pool's live availability, and the backend's name
         ("simulated", "nvml", "kubernetes"); without the service, every profile with nothing known free."""
         try:
-            live = await self.service().availability(self.user.name)
+            live = await self.service().availability(self.user.name, self.user_groups)
         except (GpupoolError, SpawnException) as error:
             self.log.warning("gpupool: no availability for the spawn form: %s", error)
             live = Availability({}, {}, "")

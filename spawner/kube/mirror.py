@@ -1,11 +1,11 @@
 """One kind of object, kept current by a watch: what the job runner and the inventory read.
 
-:meth:`Mirror.start` lists the objects (of one namespace or all, by a label selector or not), then watches
-them from the list's ``resourceVersion`` in the background: a watch that ends resumes from the last version
-seen, a version the API server no longer keeps (410 Gone) makes it list afresh, and other errors are retried
-after ``retry_s``. It is the job runner's cache (:mod:`...service.kube_runner`) and the inventory's nodes and
-pods (:mod:`.node_watch`). Readers on the event loop read :attr:`Mirror.objects` (key -> the API's plain
-dict) without awaiting anything; :meth:`Mirror.remember` puts in an object this process just wrote, so a
+:meth:`Mirror.start` lists the objects (of one namespace or all, by label or field selectors or not), then
+watches them from the list's ``resourceVersion`` in the background: a watch that ends resumes from the last
+version seen, a version the API server no longer keeps (410 Gone) makes it list afresh, and other errors are
+retried after ``retry_s``. It is the job runner's cache (:mod:`...service.kube_runner`) and the inventory's
+nodes and pods (:mod:`.node_watch`). Readers on the event loop read :attr:`Mirror.objects` (key -> the API's
+plain dict) without awaiting anything; :meth:`Mirror.remember` puts in an object this process just wrote, so a
 reader sees its own create before the watch reports it.
 """
 
@@ -31,7 +31,7 @@ MAX_RETRY_S = 15.0  # the longest wait between tries at a watch the API server d
 
 
 class Mirror:
-    """The objects ``list_call`` lists (with ``namespace`` and ``label_selector`` when given), by ``key``
+    """The objects ``list_call`` lists (with ``namespace`` and the selectors when given), by ``key``
     (default: the name); ``synced`` once listed. ``on_change`` hears the objects a watch event or a relist
     touched, old and new versions both, so a listener can work out what it has to judge again;
     ``on_reach`` hears that :attr:`lost_since` changed (the API server fell silent, or answered again).
@@ -44,6 +44,7 @@ class Mirror:
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
+        field_selector: str | None = None,
         key: Callable[[Obj], str] | None = None,
         on_change: Callable[[list[Obj]], None] | None = None,
         on_reach: Callable[[], None] | None = None,
@@ -58,7 +59,11 @@ class Mirror:
         self._list = list_call
         self._query = {
             name: value
-            for name, value in (("namespace", namespace), ("label_selector", label_selector))
+            for name, value in (
+                ("namespace", namespace),
+                ("label_selector", label_selector),
+                ("field_selector", field_selector),
+            )
             if value is not None
         }
         self._key = key or _name

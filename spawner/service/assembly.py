@@ -253,6 +253,7 @@ def kube_job_runner(kube: KubeBackend, settings: ServiceSettings) -> KubeJobRunn
         home_mount=settings.kube_home_mount,
         ttl_seconds=settings.kube_job_ttl_seconds,
         service_url=settings.service_url,
+        refused_seconds=settings.kube_job_refused_seconds,
     )
 
 

@@ -86,9 +86,11 @@ class KubeBackend:
         home_mount: str = "/home/jovyan",
         ttl_seconds: int = 86400,
         service_url: str = "",
+        refused_seconds: float = 300.0,
     ) -> KubeJobRunner:
         """The Kubernetes job runner on this cluster's pool; SystemExit naming the setting that is wrong.
-        ``grace`` is the job manager's stop grace period; ``service_url`` is given to job pods."""
+        ``grace`` is the job manager's stop grace period; ``service_url`` is given to job pods; a run whose
+        pod the cluster refuses to create fails after ``refused_seconds``."""
         if not image.strip():
             raise SystemExit(
                 "GPUPOOL_KUBE_JOB_IMAGE must name the image jobs run in (the single-user image, e.g. "
@@ -114,7 +116,13 @@ class KubeBackend:
             ):
                 text = text.replace(field_name, variable)
             raise SystemExit(f"gpupool service: {text}") from None
-        return KubeJobRunner(settings, image.strip(), self.nodes, shared_resource=self.shared_resource)
+        return KubeJobRunner(
+            settings,
+            image.strip(),
+            self.nodes,
+            shared_resource=self.shared_resource,
+            refused_patience_s=refused_seconds,
+        )
 
 
 class ClusterFollower:

@@ -181,6 +181,12 @@ class ServiceSettings(Application):
     kube_job_ttl_seconds = Int(
         86400, help="How long a finished Job, its pod and so its log stay, in seconds."
     ).tag(config=True, env="GPUPOOL_KUBE_JOB_TTL_SECONDS")
+    kube_job_refused_seconds = Float(
+        300.0,
+        help="Seconds a training Job may go without a pod because the cluster refuses to create one (a "
+        "ResourceQuota, a LimitRange, an admission webhook) before the run fails with the cluster's reason and "
+        "its GPUs go back to the pool. 0: it waits until its maximum runtime.",
+    ).tag(config=True, env="GPUPOOL_KUBE_JOB_REFUSED_SECONDS")
 
     # ---- what JupyterHub gives a managed service -----------------------------------------------------------
     bind_url = Unicode("http://127.0.0.1:10101", help="Where the service listens.").tag(
@@ -233,7 +239,7 @@ class ServiceSettings(Application):
         """``preemptible_classes`` as a set."""
         return frozenset(name for name in self.preemptible_classes.split(",") if name)
 
-    @validate("reconcile_seconds", "job_grace_seconds", "preempt_after_seconds")
+    @validate("reconcile_seconds", "job_grace_seconds", "preempt_after_seconds", "kube_job_refused_seconds")
     def _non_negative(self, proposal: dict[str, Any]) -> float:
         value = float(proposal["value"])
         if not (math.isfinite(value) and value >= 0):

@@ -45,7 +45,14 @@ def _holders_shown_to(manager: LeaseManager, user: str) -> Callable[[str], str]:
 
 
 @router.get("/profiles", summary="The profiles the caller may use, with availability")
-async def get_profiles(parts: PartsDep, caller: CallerDep) -> list[ProfileOut]:
+async def get_profiles(
+    parts: PartsDep,
+    caller: CallerDep,
+    user: str | None = None,
+    groups: Annotated[list[str] | None, Query()] = None,
+) -> list[ProfileOut]:
+    """``over_quota`` is judged for ``user`` (the caller's own by default) with ``groups`` (see ``quota``)."""
+    name, counted = _quota_subject(caller, user, groups)
     # The hub's spawners show every profile (with why one is closed), so they get availability for all.
     usable = [
         p
@@ -60,7 +67,13 @@ async def get_profiles(parts: PartsDep, caller: CallerDep) -> list[ProfileOut]:
     for p in usable:
         now, queued = counts.get(p.slug, (0, 0))
         start = manager.expected_start_of_new(p.request()) if not now and not never_fits[p.slug] else None
-        rows.append(ProfileOut.from_profile(p, now, queued, never_fits[p.slug], start, simulated=simulated))
+        refusal = None if never_fits[p.slug] else manager.quota_refusal(name, counted, p.request())
+        over = str(refusal) if refusal is not None else None
+        rows.append(
+            ProfileOut.from_profile(
+                p, now, queued, never_fits[p.slug], start, simulated=simulated, over_quota=over
+            )
+        )
     return rows
 
 
@@ -72,9 +85,7 @@ async def get_quota(
     groups: Annotated[list[str] | None, Query()] = None,
 ) -> QuotaOut:
     """``groups`` (the hub's spawners only, which know a user's groups) replace the caller's own groups."""
-    name = user or caller.name
-    caller.check_may_see(name, f"the quota of {name}")
-    counted = frozenset(groups) if groups is not None and caller.acts_for_others else caller.groups
+    name, counted = _quota_subject(caller, user, groups)
     quotas = parts.manager.quotas
     limits = quotas.limits_for(name, counted) if quotas is not None else []
     totals = usage(lease.request for lease in parts.manager.leases_for(name, active_only=True))
@@ -90,6 +101,14 @@ async def get_quota(
         for limit, words in standing(limits, totals)
     ]
     return QuotaOut(user=name, limits=rows, summary=standing_in_words(limits, totals))
+
+
+def _quota_subject(caller: Caller, user: str | None, groups: list[str] | None) -> tuple[str, frozenset[str]]:
+    """Whose quota a read is about (``user``, else the caller; 403 unless the caller may see it) and the
+    groups it counts: ``groups`` from the hub's spawners, which know a user's groups, else the caller's own."""
+    name = user or caller.name
+    caller.check_may_see(name, f"the quota of {name}")
+    return name, frozenset(groups) if groups is not None and caller.acts_for_others else caller.groups
 
 
 async def hubs_spawner(caller: CallerDep) -> Caller:

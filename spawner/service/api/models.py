@@ -180,6 +180,11 @@ class ProfileOut(BaseModel):
     available_now: int = Field(description="how many could start right now (counted up to 64)")
     queued: int = Field(description="how many leases of this profile wait in the queue")
     never_fits: str | None = Field(description="why the pool can never serve it, or null")
+    over_quota: str | None = Field(
+        default=None,
+        description="why the quota of the user asked about (the caller by default) refuses it now, given what "
+        "they hold, or null",
+    )
     simulated: bool = Field(
         default=False,
         description="the pool is the simulated backend's: what is free is a stand-in, no real GPU",
@@ -210,6 +215,7 @@ class ProfileOut(BaseModel):
         expected_start: float | None = None,
         *,
         simulated: bool = False,
+        over_quota: str | None = None,
     ) -> ProfileOut:
         return cls(
             slug=profile.slug,
@@ -222,6 +228,7 @@ class ProfileOut(BaseModel):
             available_now=available_now,
             queued=queued,
             never_fits=never_fits,
+            over_quota=over_quota,
             simulated=simulated,
             expected_start=expected_start,
             idle_timeout=profile.idle_timeout,

@@ -13,14 +13,14 @@ cluster's view, creates (tried again while the API server does not answer) and d
 event loop, and a create's answer goes into the cache at once. Until the first list has arrived, every run
 counts as alive.
 
-**How a run ended** is :func:`.kube_outcome.job_outcome`'s to say, from the Job and its pods.
+**How a run ended** is :func:`.kube_outcome.job_outcome`'s to say, from the Job and its pods. **Stopping**
+(cancel, timeout, a fault or drain) deletes the Job with ``propagationPolicy: Foreground`` and the grace
+period (the kubelet's SIGTERM, then ``terminationGracePeriodSeconds``); the forced stop deletes its pods with
+a grace period of 0. The run counts as alive until the watch says the Job is gone.
 
-**Stopping** (cancel, timeout, a fault or drain) deletes the Job with ``propagationPolicy: Foreground`` and
-the grace period (the kubelet's SIGTERM, then ``terminationGracePeriodSeconds``); the forced stop deletes its
-pods with a grace period of 0. The run counts as alive until the watch says the Job is gone.
-
-**Logs** come from the newest pod of the current attempt (container ``main``): :meth:`KubeJobRunner.read_log`
-answers from a small cache refreshed in the background (at most every ``log_refresh_s``), as readers poll.
+**Logs** are :mod:`.kube_logs`' to read. **A pod the cluster refuses** (a ResourceQuota, a LimitRange, a
+webhook) leaves the Job without one and the GPUs idle: the Job controller's ``FailedCreate`` events
+(:mod:`...kube.create_refusals`) say why while the job waits, and after ``refused_patience_s`` the run fails.
 
 **Identity.** No system account is needed: the pod runs as ``settings.uid`` (1000 by default) with the
 user's home claim mounted at ``settings.home_mount``, and a job's paths are paths in that container.
@@ -33,7 +33,6 @@ import functools
 import json
 import logging
 import posixpath
-from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
@@ -41,7 +40,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ...kube.api_errors import NO_ANSWER, in_words
-from ...kube.job_manifests import MAIN_CONTAINER, JobSettings, home_claim_name, job_name, training_job
+from ...kube.create_refusals import FAILED_CREATE_SELECTOR, CreateRefusals, Refusal
+from ...kube.job_manifests import JobSettings, home_claim_name, job_name, training_job
 from ...kube.job_status import disrupted_pod, finished_condition, holdup, owner_job
 from ...kube.labels import SHARED_RESOURCE
 from ...kube.manifests import COMPONENT_LABEL, MANAGED_BY, JsonDict, ManifestError
@@ -50,6 +50,7 @@ from ...kube.resources import NotOnNode, kube_grant
 from ...pool.devices import Node
 from ...pool.job_states import Job
 from ...pool.leases import Lease
+from .kube_logs import JobLogs
 from .kube_outcome import job_outcome
 from .processes import Identity
 from .runner import Launched, LaunchError, NoHome, Outcome
@@ -57,7 +58,6 @@ from .runner import Launched, LaunchError, NoHome, Outcome
 log = logging.getLogger(__name__)
 
 SELECTOR = ",".join([*(f"{k}={v}" for k, v in MANAGED_BY.items()), f"{COMPONENT_LABEL}=training-job"])
-_LOG_ENTRIES = 128  # jobs whose log is cached at once
 
 
 class KubeJobRunner:
@@ -80,6 +80,7 @@ class KubeJobRunner:
         retry_s: float = 1.0,
         log_refresh_s: float = 0.5,
         log_limit: int = 8 << 20,
+        refused_patience_s: float = 300.0,
     ) -> None:
         if not image or image != image.strip():
             raise ValueError(
@@ -91,6 +92,7 @@ class KubeJobRunner:
         self.retry_s = retry_s
         self.log_refresh_s = log_refresh_s
         self.log_limit = log_limit
+        self.refused_patience_s = refused_patience_s
         self._nodes = {node.name: node for node in nodes}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._batch: client.BatchV1Api | None = None
@@ -98,13 +100,14 @@ class KubeJobRunner:
         self.jobs: Mirror | None = None
         self.pods: Mirror | None = None
         self.claims: Mirror | None = None  # the namespace's volume claims: is a user's home there yet?
+        self.events: Mirror | None = None  # the Job controller's FailedCreate events
+        self.refusals = CreateRefusals()
+        self.logs: JobLogs | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._creating: set[str] = set()  # Jobs whose create is in flight
         self._stopping: set[str] = set()  # stopped while their create was in flight: delete once created
         self._create_failed: dict[str, str] = {}  # Job name -> why the API refused it
         self._unanswered: dict[str, str] = {}  # Job name -> why its create is being tried again
-        self._logs: OrderedDict[str, tuple[str, bytes, float]] = OrderedDict()  # job id -> (Job, log, when)
-        self._log_reads: set[str] = set()
         # Job -> its pod the cluster took away, as last seen. The Job controller's finalizer and the kubelet
         # remove such a pod within moments and (its failure policy ignoring disruptions) start another, so a
         # judgement from the cache alone could miss the disruption; the watch's events never do.
@@ -130,13 +133,21 @@ class KubeJobRunner:
             "persistentvolumeclaims", self._core.list_namespaced_persistent_volume_claim, namespace=namespace,
             retry_s=self.retry_s,
         )  # fmt: skip
-        await asyncio.gather(self.jobs.start(), self.pods.start(), self.claims.start())
+        self.events = Mirror(
+            "events", self._core.list_namespaced_event, namespace=namespace, field_selector=FAILED_CREATE_SELECTOR,
+            on_change=self.refusals.heard, retry_s=self.retry_s,
+        )  # fmt: skip
+        self.logs = JobLogs(
+            self._core, namespace, spawn=self._spawn, now=self._loop.time, refresh_s=self.log_refresh_s,
+            limit=self.log_limit,
+        )  # fmt: skip
+        await asyncio.gather(self.jobs.start(), self.pods.start(), self.claims.start(), self.events.start())
 
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for mirror in (self.jobs, self.pods, self.claims):
+        for mirror in (self.jobs, self.pods, self.claims, self.events):
             if mirror is not None:
                 await mirror.stop()
         self._loop = None
@@ -199,7 +210,7 @@ class KubeJobRunner:
         if name in self._create_failed:
             return None
         found = self.jobs.objects.get(name)
-        if found is None or finished_condition(found) is not None:
+        if found is None or finished_condition(found) is not None or self._refusal(name, for_good=True):
             return None
         return None if disrupted_pod(self._pods_of(name)) is not None else job
 
@@ -223,30 +234,28 @@ class KubeJobRunner:
         found = self.jobs.objects.get(name) if self.jobs is not None else None
         if found is None:
             return Outcome(None, lost=f"its Kubernetes Job {name} disappeared without gpupool deleting it")
+        refusal = self._refusal(name, for_good=True)
+        if refusal is not None:
+            return Outcome(
+                None,
+                reason=f"the cluster refused to create its pod for {refusal.seconds:.0f} s: {refusal.message}",
+            )
         return job_outcome(found, self._pods_of(name))
 
     def finish(self, job: Job) -> None:
         name = job_name(job.id, job.attempts)
         self._create_failed.pop(name, None)
         self._disrupted.pop(name, None)
+        self.refusals.forget(name)
         found = self.jobs.objects.get(name) if self.jobs is not None else None
         if found is not None and finished_condition(found) is None:
             self._spawn(lambda: self._delete_job(name))  # a lost run's Job would start another pod
 
     def read_log(self, job: Job, offset: int, limit: int) -> bytes:
-        name = job_name(job.id, job.attempts)
-        cached = self._logs.get(job.id)
-        if cached is not None and cached[0] != name:
-            cached = None  # an earlier attempt's log
-        loop = self._loop
-        stale = cached is None or (loop is not None and loop.time() - cached[2] >= self.log_refresh_s)
-        if loop is not None and stale and job.id not in self._log_reads:
-            self._log_reads.add(job.id)
-            self._spawn(lambda: self._refresh_log(job.id, name))
-        if cached is None:
+        if self.logs is None:
             return b""
-        self._logs.move_to_end(job.id)
-        return cached[1][offset : offset + limit]
+        name = job_name(job.id, job.attempts)
+        return self.logs.read(job.id, name, lambda: self._pods_of(name), offset, limit)
 
     def holdup(self, job: Job) -> str | None:
         name = job_name(job.id, job.attempts)
@@ -255,7 +264,15 @@ class KubeJobRunner:
         if name in self._creating:
             return "its Job is being created"
         found = self.jobs.objects.get(name) if self.jobs is not None else None
-        return None if found is None else holdup(found, self._pods_of(name))
+        if found is None:
+            return None
+        refusal = self._refusal(name)
+        if refusal is not None:
+            return (
+                f"the cluster refuses to create its pod: {refusal.message} (for {refusal.seconds:.0f} s; "
+                f"the run fails after {self.refused_patience_s:.0f} s of this)"
+            )
+        return holdup(found, self._pods_of(name))
 
     def reap(self) -> None:
         pass  # the Job controller and the garbage collector clean up after pods
@@ -271,6 +288,14 @@ class KubeJobRunner:
         if gone is not None and all(_name(pod) != _name(gone) for pod in pods):
             pods.append(gone)
         return pods
+
+    def _refusal(self, name: str, *, for_good: bool = False) -> Refusal | None:
+        """Why the cluster will not create the Job's pod, while it has none; with ``for_good``, only once that
+        has lasted ``refused_patience_s`` (0: never)."""
+        refusal = self.refusals.of(name)
+        if refusal is None or self._pods_of(name):
+            return None
+        return refusal if not for_good or 0 < self.refused_patience_s <= refusal.seconds else None
 
     def _remember_disruptions(self, touched: list[Obj]) -> None:
         for pod in touched:
@@ -363,30 +388,6 @@ class KubeJobRunner:
         except ApiException as error:
             if error.status != 404:
                 log.warning("deleting pod %s failed: %s", name, in_words(error))
-
-    async def _refresh_log(self, job_id: str, name: str) -> None:
-        assert self._core is not None and self._loop is not None
-        try:
-            pods = sorted(self._pods_of(name), key=lambda p: str(p["metadata"].get("creationTimestamp")))
-            if not pods:
-                return
-            core: Any = self._core  # with _preload_content=False the answer is the raw response
-            response = await core.read_namespaced_pod_log(
-                _name(pods[-1]),
-                self.settings.namespace,
-                container=MAIN_CONTAINER,
-                limit_bytes=self.log_limit,
-                _preload_content=False,
-            )
-            self._logs[job_id] = (name, await response.read(), self._loop.time())
-            self._logs.move_to_end(job_id)
-            while len(self._logs) > _LOG_ENTRIES:
-                self._logs.popitem(last=False)
-        except ApiException as error:
-            if error.status not in (400, 404):  # 400: the container has not started; 404: the pod is gone
-                log.warning("reading the log of Job %s failed: %s", name, in_words(error))
-        finally:
-            self._log_reads.discard(job_id)
 
 
 def _name(obj: Mapping[str, Any]) -> str:

@@ -6,7 +6,8 @@ from it. Restoring re-applies every granted lease at exactly its recorded device
 in their order; a lease whose devices the pool no longer has is released with reason "devices gone: …".
 
 One manager owns a store at a time; its methods take a lock, so HTTP handlers on several threads may call it.
-Quotas count queued leases as held (a queued lease is admitted later without its user's groups at hand).
+Quotas count queued leases as held (a queued lease is admitted later without its user's groups at hand), so
+a new request is checked against them at once (:meth:`LeaseManager.quota_refusal`, which the form asks too).
 
 Within a priority the queue is ordered by fair share: before each admission pass the manager takes a snapshot
 of every user's GPU usage over the last ``usage_window`` seconds (granted leases, and those released inside
@@ -33,7 +34,7 @@ from ...pool.fair_share import DEFAULT_WINDOW, UsageSpan, recent_usage
 from ...pool.leases import Lease, LeaseState, NewLease, OwnerKind
 from ...pool.policies import PlacementPolicy
 from ...pool.queue import AdmissionQueue, QueuedRequest, competes
-from ...pool.quotas import QuotaPolicy
+from ...pool.quotas import QuotaExceeded, QuotaPolicy
 from ...pool.requests import Request
 from ...pool.state import Allocation, OutsideUse, PoolState
 from ...pool.trial import count_fits
@@ -104,13 +105,11 @@ class LeaseManager:
         Raises :class:`~...pool.quotas.QuotaExceeded` or :class:`NeverFits`, and then stores nothing.
         """
         with self._lock:
-            if self.quotas is not None:
-                held = [lease.request for lease in self.store.list_for_user(user, active_only=True)]
-                refusal = self.quotas.check(user, groups, request, held)
-                if refusal is not None:  # unless no quota would help: then say that instead
-                    reason, never = explain_refusal(self._pool.nodes, request)
-                    self.refusals["never_fits" if never else "quota"] += 1
-                    raise NeverFits(reason) if never else refusal
+            refusal = self.quota_refusal(user, groups, request)
+            if refusal is not None:  # unless no quota would help: then say that instead
+                reason, never = explain_refusal(self._pool.nodes, request)
+                self.refusals["never_fits" if never else "quota"] += 1
+                raise NeverFits(reason) if never else refusal
             at = self._clock() if arrival is None else arrival
             new = NewLease(owner_kind, user, owner_name, profile_slug, request, priority, at)
             if lease_id is not None:
@@ -320,12 +319,16 @@ class LeaseManager:
         with self._lock:
             return read(self._pool)
 
+    def quota_refusal(self, user: str, groups: Iterable[str], request: Request) -> QuotaExceeded | None:
+        """The limit of ``user``'s quota that ``request`` would break on top of all they hold, or None."""
+        with self._lock:
+            held = [lease.request for lease in self.store.list_for_user(user, active_only=True)]
+            return None if self.quotas is None else self.quotas.check(user, groups, request, held)
+
     def availability(self, asks: Mapping[str, Request], limit: int = 64) -> dict[str, tuple[int, int]]:
-        """Per key of ``asks`` (a profile's slug): how many of its request could start now (at most ``limit``)
-        and how many leases of that profile are queued. "Could start now" places trial owners on the live pool
-        and gives them straight back, under the lock, so it asks the real placement policy and never disagrees
-        with it; nothing is stored. While anyone competing waits in the queue, a new request would queue
-        behind them, so the count is 0."""
+        """Per key of ``asks`` (a profile's slug): how many of its request could start now (at most ``limit``;
+        trial owners placed by the real policy under the lock, then given back) and how many leases of that
+        profile are queued. While anyone competing waits, a new request would queue behind them: 0."""
         with self._lock:
             queued: dict[str, int] = {}
             for lease in self.store.active():
