@@ -73,6 +73,7 @@ def describe_advice(advice: Advice, source: str) -> dict[str, Any]:
         "demand": [{"ask": ask.label, "count": n, "servable": bool(ask.serves)} for ask, n in advice.demand],
         "unservable": advice.unservable,
         "kept": list(advice.kept),
+        "missing": list(advice.missing),
         "gpus": [_gpu(g) for g in advice.gpus],
         "before": advice.before.as_dict(),
         "after": advice.after.as_dict(),
@@ -116,6 +117,8 @@ def render_advice(description: dict[str, Any]) -> str:
         lines.append(f"  {description['unservable']} ask(s) no layout of these GPUs can serve")
     if description.get("kept"):
         lines.append(f"  kept a slice for each profile offered: {', '.join(description['kept'])}")
+    if description.get("missing"):
+        lines.append(f"  {_missing_text(description['missing'])}")
     for gpu in gpus:
         advised = layout_text_of(gpu["advised"]) if gpu["changed"] else "unchanged"
         lines.append(
@@ -156,6 +159,14 @@ def _how_to_apply(description: dict[str, Any]) -> list[str]:
     ]
 
 
+def _missing_text(missing: list[str]) -> str:
+    return (
+        f"no GPU in service has a slice for {', '.join(missing)}, which a profile offers: its starts wait "
+        "until a GPU with one is back in service or a layout here includes one (the advice adds one only where "
+        "that serves more of the demand seen)"
+    )
+
+
 def layout_text_of(placements: list[str]) -> str:
     return ", ".join(placements) or "none"
 
@@ -185,6 +196,8 @@ def advice_html(description: dict[str, Any]) -> str:
     )
     kept = description.get("kept")
     kept_text = f" A slice is kept for each profile offered ({e(', '.join(kept))})." if kept else ""
+    if description.get("missing"):
+        kept_text += f" <strong>{e(_missing_text(description['missing']))}.</strong>"
     return (
         f"<p>From {e(description['source'])}, replayed with every ask at once.{kept_text} Advice only: gpupool "
         "never changes a MIG layout; apply it with the GPU Operator's MIG Manager, each GPU emptied first.</p>"

@@ -299,6 +299,28 @@ def test_a_drained_or_unhealthy_mig_gpu_is_left_out_of_the_advice(tmp_path: Path
     assert [gpu.index for gpu in mig_gpus(parse_pool(pool, "a pool file"))] == [1]
 
 
+def test_an_offered_profile_left_without_a_slice_in_service_is_named_in_the_report(
+    tmp_path: Path, hub_api: str
+) -> None:
+    """Stop 34 left this alone: a drain took the only GPU with 1g.10gb slices, the form still offered mig-1g,
+    and the advice said "nothing to change" without a word about it."""
+    service = Service(tmp_path, hub_api)
+    service.manager.set_health("dgx-h100-01", Health.DRAINED, 7, "maintenance")  # 6 keeps two 3g.40gb
+    with Client(service.app) as client:
+        data = client.get("api/v1/admin/mig-advice", "admin-token").json()
+        page = client.get("", "admin-token").text
+    assert data["missing"] == ["1g.10gb"] and data["kept"] == ["3g.40gb"], data
+    said = render_advice(data)
+    assert "no GPU in service has a slice for 1g.10gb, which a profile offers" in said, said
+    assert "no GPU in service has a slice for 1g.10gb" in page
+    h100 = mig.fit(mig.geometry("H100-80GB"), ["3g.40gb", "3g.40gb"]) or ()
+    asked = advise(_gpus([("H100-80GB", h100)]), Counter({_ask("H100-80GB", "1g.10gb"): 1}), keep=[])
+    assert asked.missing == ()  # nothing offered, nothing missing
+    offered = [_ask("H100-80GB", "1g.10gb")]
+    served = advise(_gpus([("H100-80GB", h100)]), Counter({_ask("H100-80GB", "1g.10gb"): 2}), keep=offered)
+    assert served.missing == () and "1g.10gb" in [p.profile for p in served.gpus[0].advised]  # asked: added
+
+
 def test_the_admin_dashboard_shows_mig_advice_and_a_users_page_does_not(tmp_path: Path, hub_api: str) -> None:
     service = Service(tmp_path, hub_api)
     with Client(service.app) as client:

@@ -13,7 +13,8 @@ layout at a time while that strictly improves the replay; the current layouts ar
 never serves less than they do on the same demand. Only the mix of layouts per product matters to the replay,
 so a GPU keeps its layout when the mix still holds it. A profile the hub offers keeps a slice that serves it,
 where the current layouts have one, whatever the demand seen: no advice makes an offered profile unstartable.
-GPUs out of service (unhealthy or drained) are left as they are and out of the advice.
+GPUs out of service (unhealthy or drained) are left as they are and out of the advice; an offered profile
+that no GPU in service has a slice for, now or advised, is named (:attr:`Advice.missing`) for the admin.
 """
 
 from __future__ import annotations
@@ -221,6 +222,7 @@ class Advice:
     before: Replay
     after: Replay
     kept: tuple[str, ...] = ()  # the offered profiles that keep a slice to start on
+    missing: tuple[str, ...] = ()  # offered profiles no GPU in service has a slice for, now or advised
 
     @property
     def unservable(self) -> int:
@@ -251,6 +253,10 @@ class _Search:
         # the slices each offered profile can start on, where the current layouts have one
         # (by the slices, not the label: "1g.10gb" on H100s only and on A100s only are two asks)
         self.kept = {frozenset(a.serves): a.label for a in keep if any(now[slot] for slot in a.serves)}
+        # offered, and some layout of these GPUs could serve it, but none has a slice for it now (a drain)
+        self.unkept = {
+            frozenset(a.serves): a.label for a in keep if a.serves and not any(now[s] for s in a.serves)
+        }
 
     def score(self, mix: Mix) -> Replay:
         return replay(_instances(mix), self.demand)
@@ -314,12 +320,16 @@ def advise(gpus: Sequence[MigGpu], demand: Mapping[Ask, int], keep: Iterable[Ask
     search = _Search(gpus, demand, keep)
     mixes = [search.current, search.climb(search.current), search.climb(search.greedy())]
     best = max(mixes, key=lambda m: (search.key(m), -search.changes(m)))
+    advised = _instances(best)
     return Advice(
         gpus=_assign(gpus, best),
         demand=tuple(sorted(demand.items(), key=lambda item: (-item[0].units, item[0].label))),
         before=search.score(search.current),
         after=search.score(best),
         kept=tuple(sorted(set(search.kept.values()))),
+        missing=tuple(
+            sorted({label for slots, label in search.unkept.items() if not any(advised[s] for s in slots)})
+        ),
     )
 
 
