@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import bench_command, mig_command, pool_command
+from . import bench_command, mig_command, pool_command, store_command
 from .hub import up
 
 # Each command imports what it needs when it runs: ``gpupool up`` becomes JupyterHub, and every import before
@@ -51,6 +51,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from .kube.manifests import ManifestError
     from .pool import mig
     from .pool.profiles import ProfileError
+    from .service.store.copy import StoreCopyError
 
     return (
         PoolFileError,
@@ -64,6 +65,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
         ManifestError,
         InstallError,
         UserEnvironmentError,
+        StoreCopyError,
     )
 
 
@@ -339,6 +341,7 @@ OWN_COMMANDS: dict[str, Callable[[Any], None]] = {
     "pool": pool_command.add_pool_command,
     "mig": _add_mig,
     "bench": bench_command.add_bench_command,
+    "store": store_command.add_store_command,
 }
 
 
