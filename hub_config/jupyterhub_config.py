@@ -162,9 +162,9 @@ c.JupyterHub.load_roles = [
         "scopes": list(CULLER_SCOPES),  # with admin:server_state, custom:gpupool:admin and gpupool access
         "services": ["jupyterhub-idle-culler"],
     },
-    {  # reconciliation: compare the leases with the servers that really run, stop servers without one
+    {  # reconciliation (the leases against the servers that really run), and the group names the files use
         "name": "gpupool-service",
-        "scopes": ["list:users", "read:servers", "delete:servers"],
+        "scopes": ["list:users", "read:servers", "delete:servers", "list:groups"],
         "services": ["gpupool"],
     },
 ]

@@ -16,6 +16,8 @@ from gpupool.spawner.pool.quotas import (
     QuotaPolicy,
     default_policy,
     describe_quota,
+    group_limits_above_user,
+    standing_in_words,
     usage,
 )
 from gpupool.spawner.pool.requests import GpuShare, MigSlice, Request, WholeGpus
@@ -269,3 +271,35 @@ def test_a_passed_check_never_lets_held_plus_asked_exceed_a_limit(
         assert refusal.limit.resource in broken
         assert refusal.held == before[refusal.limit.resource]
         assert refusal.held + refusal.asked > refusal.limit.value
+
+
+def test_the_summary_names_the_limit_that_binds_once_per_resource_and_whose_it_is() -> None:
+    """A course's trial: "Your quota: 1 whole GPU, 0 held · 0 whole GPUs, 0 held · …" listed the user's and the
+    group's limit of each resource side by side, unlabelled, and looked self-contradictory."""
+    policy = QuotaPolicy(
+        per_user=Quota(whole_gpus=1, mig_slices=1, gpu_shares=2),
+        per_group={"students": Quota(whole_gpus=0, mig_slices=4, gpu_shares=0)},
+    )
+    limits = policy.limits_for("stu1", ["students"])
+    held = usage([Request(1000, 1024, MigSlice("1g.10gb"))])
+    assert standing_in_words(limits, held) == (
+        "Your quota: no whole GPUs (group students) · 1 MIG slice, 1 held or queued · no GPU shares (group students)"
+    )
+    assert standing_in_words(policy.limits_for("ta1", []), held) == (
+        "Your quota: 1 whole GPU, 0 held or queued · 1 MIG slice, 1 held or queued · 2 GPU shares, 0 held or queued"
+    )
+
+
+def test_a_group_limit_above_the_per_user_limit_is_named_since_it_cannot_lift_it() -> None:
+    """A course's trial gave TAs ``whole_gpus: 1`` under ``per_user: whole_gpus: 0``; the TA was still
+    refused, since both apply, and nothing had said so."""
+    policy = QuotaPolicy(
+        per_user=Quota(whole_gpus=0, mig_slices=1),
+        per_group={"tas": Quota(whole_gpus=1, mig_slices=1), "students": Quota(whole_gpus=0)},
+    )
+    (said,) = group_limits_above_user(policy)
+    assert said.startswith("per_group.tas.whole_gpus is 1, above per_user.whole_gpus (0): both apply"), said
+    assert "raise per_user.whole_gpus" in said
+    assert (
+        group_limits_above_user(QuotaPolicy(per_user=Quota(), per_group={"tas": Quota(whole_gpus=4)})) == []
+    )

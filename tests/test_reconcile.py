@@ -9,6 +9,7 @@ with a manager of its own over a store in tmp: that is where unleased servers an
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ from gpupool.spawner.backends.discovery import discover_pool
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles
 from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.pool.profiles import find_profile
+from gpupool.spawner.service.leasing.group_names import warn_of_unknown_groups
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager
 from gpupool.spawner.service.leasing.reconcile import SERVER_GONE, HubClient, ReconcileReport, reconcile_once
 from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
@@ -39,17 +41,24 @@ from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
 INTERVAL = 1.0
 SERVICE_ROLE = f"""
 c.JupyterHub.load_roles.append(
-    {{"name": "gpupool-service", "scopes": ["list:users", "read:servers"], "services": ["{SERVICE}"]}}
+    {{"name": "gpupool-service", "scopes": ["list:users", "read:servers", "list:groups"], "services": ["{SERVICE}"]}}
 )
+c.JupyterHub.load_groups = {{"students": {{"users": []}}}}
 """
+# students is a group of the hub's; studnets, the course's trial's typo, is not
+QUOTAS = (
+    "per_group:\n  students: {gpu_shares: 0}\n  studnets: {gpu_shares: 0}\nusers:\n  erin: {mig_slices: 1}\n"
+)
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    tmp = tmp_path_factory.mktemp("reconcile-hub")
+    (tmp / "quotas.yaml").write_text(QUOTAS)
     yield from spawner_hub(
-        tmp_path_factory.mktemp("reconcile-hub"),
+        tmp,
         ("alice", "dave"),
-        service_env={"GPUPOOL_RECONCILE_SECONDS": str(INTERVAL)},
+        service_env={"GPUPOOL_RECONCILE_SECONDS": str(INTERVAL), "GPUPOOL_QUOTAS": str(tmp / "quotas.yaml")},
         extra_config=[SERVICE_ROLE],
     )
 
@@ -130,3 +139,56 @@ def test_reconcile_once_against_the_hub_reports_and_on_request_stops_an_unleased
         _wait_for(lambda: _server(hub, admin, "alice") is None, "alice's server was not stopped", hub.log)
         assert _lease(hub, admin, service_lease)["state"] == "released"  # the spawner gave it back
     store.close()
+
+
+def test_a_group_the_quotas_file_names_and_the_hub_lacks_is_warned_of_once_the_hub_answers(hub: Hub) -> None:
+    """A course's trial: with ``studnets:`` in the quotas file the hub started without a word, and the students
+    quietly lost their group's limits."""
+    typo = "the quotas file limits group studnets, which is not a JupyterHub group (yet?): a misspelling?"
+    _wait_for(lambda: typo in hub.log.read_text(errors="replace"), "the warning of the typo", hub.log)
+    assert "limits group students," not in hub.log.read_text(errors="replace")  # the hub has that one
+
+
+def test_an_edited_quotas_file_is_in_force_within_seconds_and_a_broken_edit_changes_nothing(hub: Hub) -> None:
+    """A course's trial edited the quotas file under a running hub: after 90 s nothing had changed, and
+    nothing said a restart was needed."""
+    quotas = hub.tmp / "quotas.yaml"
+
+    def erins_quota() -> str:
+        with hub.admin() as admin:
+            answer = admin.get(f"{hub.service_api}/quota", params={"user": "erin"})
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["summary"])
+
+    assert erins_quota() == "Your quota: 1 MIG slice, 0 held or queued"
+    try:
+        quotas.write_text(QUOTAS.replace("erin: {mig_slices: 1}", "erin: {mig_slices: 3}"))
+        _wait_for(
+            lambda: erins_quota() == "Your quota: 3 MIG slices, 0 held or queued", "the new limit", hub.log
+        )
+        quotas.write_text(QUOTAS.replace("erin: {mig_slices: 1}", "erin: {mig_slice: 1}"))
+        said = "users.erin: unknown field 'mig_slice' (did you mean 'mig_slices'?)"
+        _wait_for(lambda: said in hub.log.read_text(errors="replace"), "the broken edit logged", hub.log)
+        assert erins_quota() == "Your quota: 3 MIG slices, 0 held or queued"  # the limits before it stay
+    finally:
+        quotas.write_text(QUOTAS)
+    _wait_for(
+        lambda: erins_quota() == "Your quota: 1 MIG slice, 0 held or queued", "the file as it was", hub.log
+    )
+
+
+def test_without_list_groups_the_check_is_left_out_in_a_line(
+    hub: Hub, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hub whose role for the service predates list:groups (a Zero to JupyterHub values file, say)."""
+    client = HubClient(hub.hub_api, HUB_CLIENT_TOKEN)  # the spawners' token: no list:groups
+
+    async def check() -> None:
+        try:
+            await asyncio.wait_for(warn_of_unknown_groups(client, {"studnets": "the quotas file"}), 30)
+        finally:
+            await client.aclose()
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(check())
+    assert "group names not checked: the service's token may not list the hub's groups" in caplog.text

@@ -303,13 +303,13 @@ def test_the_quota_says_what_carol_may_hold_and_what_she_holds(hub: Hub) -> None
     lease = _new_lease(hub, "carol", "mig-1g")
     with hub.as_user("carol") as carol, hub.as_user("bob") as bob, hub.as_user("hub-client") as spawner:
         mine = carol.get("/quota").json()
-        assert mine["summary"] == "Your quota: 1 MIG slice, 1 held", mine
+        assert mine["summary"] == "Your quota: 1 MIG slice, 1 held or queued", mine
         assert [(q["resource"], q["limit"], q["held"]) for q in mine["limits"]] == [("mig_slices", 1, 1)]
         assert bob.get("/quota", params={"user": "carol"}).status_code == 403
         assert spawner.get("/quota", params={"user": "carol"}).json()["summary"] == mine["summary"]
         assert bob.get("/quota").json()["summary"] == "Your quota: no limits"
         _release(hub, lease)
-        assert carol.get("/quota").json()["summary"] == "Your quota: 1 MIG slice, 0 held"
+        assert carol.get("/quota").json()["summary"] == "Your quota: 1 MIG slice, 0 held or queued"
 
 
 def test_profiles_say_what_carols_quota_refuses_now_with_the_limit_named(hub: Hub) -> None:

@@ -178,6 +178,21 @@ def test_a_user_with_no_usable_profile_gets_no_radio_and_a_sentence() -> None:
     (only,) = [p for p in PROFILES if p.slug == "h100-x4"]
     form = Page(render_form(choices_for([only], (), False, {}, {}), backend="nvml"))
     assert form.radios == [] and "only members of training" in form.text["h100-x4"].lower()
+    assert "ask an administrator" in render_form(choices_for([only], (), False, {}, {}), backend="nvml")
+
+
+def test_a_user_whose_quota_is_taken_is_told_to_free_some_of_it_not_to_ask_an_administrator() -> None:
+    """A course's trial: a student whose one MIG slice a job held read "No profile is open to you now; ask an
+    administrator"."""
+    said = "stu1's quota allows 1 MIG slice at once; 1 is held or queued and 1 more was asked for"
+    open_ones = [p for p in PROFILES if not p.groups]
+    full = choices_for(open_ones, (), False, {}, {}, over_quota={p.slug: said for p in open_ones})
+    html = render_form(full, backend="nvml")
+    assert all(c.quota_full and not c.usable for c in full) and Page(html).radios == []
+    assert "Your quota is taken by your other servers and jobs" in html and "administrator" not in html
+    assert html.count(said.replace("'", "&#x27;")) == len(open_ones)  # each closed row says the limit
+    never = choices_for(open_ones[:1], (), False, {}, {open_ones[0].slug: "no such GPU"}, over_quota={})
+    assert not never[0].quota_full  # a profile that never fits is not waiting on the quota
 
 
 def test_display_names_descriptions_and_groups_are_html_escaped() -> None:

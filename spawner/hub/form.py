@@ -53,6 +53,7 @@ class ProfileChoice:
     blocked_reason: str | None = None  # None when the user may start it
     simulated: bool = False  # the counts come from a simulated pool
     expected_wait: str = ""  # when none is free: "expected to start by 14:05 UTC (in about 12 min)"
+    quota_full: bool = False  # blocked only until the user holds less (their quota)
 
     @property
     def usable(self) -> bool:
@@ -78,19 +79,23 @@ def choices_for(
     *,
     simulated: bool = False,
     expected_waits: Mapping[str, str] | None = None,
+    over_quota: Mapping[str, str] | None = None,
 ) -> list[ProfileChoice]:
     """Every profile in file order, with its ``(available_now, queued)`` from ``availability`` (by slug,
     missing means ``(0, 0)``) and what blocks it: the group rule first, then ``never_fits`` (slug to the
-    sentence :func:`fits_pool` gave). Blocked profiles stay in the list so the form can say why.
-    ``expected_waits``: by slug, when one could expect to start if none is free now."""
+    sentence :func:`fits_pool` gave), then ``over_quota`` (what the user's quota refuses now). Blocked
+    profiles stay in the list so the form can say why. ``expected_waits``: by slug, when one could expect to
+    start if none is free now."""
     groups = frozenset(user_groups)
     choices = []
     for profile in profiles:
         available_now, queued = availability.get(profile.slug, (0, 0))
         reason = None if profile.visible_to(groups, is_admin) else permission_reason(profile)
-        blocked = reason or never_fits.get(profile.slug)
+        quota = (over_quota or {}).get(profile.slug)
+        blocked = reason or never_fits.get(profile.slug) or quota
         wait = (expected_waits or {}).get(profile.slug, "")
-        choices.append(ProfileChoice(profile, available_now, queued, blocked, simulated, wait))
+        full = blocked is not None and blocked == quota
+        choices.append(ProfileChoice(profile, available_now, queued, blocked, simulated, wait, full))
     return choices
 
 
@@ -101,7 +106,7 @@ def from_service(
     refuses now, the backend, and when one asked ``now`` could expect to start."""
     waits = {slug: in_words(start, now, time_of_day) for slug, start in live.expected_starts.items()}
     simulated = live.backend == "simulated"
-    blocked = live.over_quota | live.never_fits
+    blocked = dict(live.never_fits)
     if live.backend:  # the service answered: a profile it does not know would be refused at the start
         blocked |= {p.slug: NOT_IN_SERVICE for p in profiles if p.slug not in live.counts}
     return choices_for(
@@ -112,6 +117,7 @@ def from_service(
         blocked,
         simulated=simulated,
         expected_waits=waits,
+        over_quota=live.over_quota,
     )
 
 
@@ -140,7 +146,12 @@ def render_form(
         )
     if standing:
         parts.append(f'<p class="gpupool-standing">{escape(standing)}</p>')
-    if not usable:
+    if not usable and any(choice.quota_full for choice in choices):
+        parts.append(
+            '<p class="gpupool-none">Your quota is taken by your other servers and jobs (queued ones too): '
+            "stop a server, or cancel a job (JobPanel, or gpupool cancel ID), to start one here.</p>"
+        )
+    elif not usable:
         parts.append('<p class="gpupool-none">No profile is open to you now; ask an administrator.</p>')
     parts.extend(_row(choice, choice is checked) for choice in choices)
     if usable:

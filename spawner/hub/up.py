@@ -269,10 +269,11 @@ def roles(admins: list[str]) -> list[dict[str, object]]:
         {"name": "gpupool-hub", "scopes": ["custom:gpupool:leases", access], "services": [SPAWNER_CLIENT]},
         {"name": "gpupool-admin", "scopes": ["custom:gpupool:admin", access], "users": admins},
         {"name": "idle-culler", "scopes": list(CULLER_SCOPES), "services": [CULLER]},
-        # the service reconciles leases with the servers that really run, and stops one found without a lease
+        # the service reconciles leases with the servers that really run (stopping one without a lease), and
+        # checks the group names the profiles and quotas files use
         {
             "name": "gpupool-service",
-            "scopes": ["list:users", "read:servers", "delete:servers"],
+            "scopes": ["list:users", "read:servers", "delete:servers", "list:groups"],
             "services": [SERVICE],
         },
     ]

@@ -169,6 +169,24 @@ class QuotaPolicy:
         return QuotaExceeded(tightest, totals[tightest.resource], asked[tightest.resource])
 
 
+def group_limits_above_user(policy: QuotaPolicy) -> list[str]:
+    """Group limits above ``per_user``'s for the same resource, in words: both apply and the tighter wins, so
+    such a limit binds only members whom a ``users:`` entry gives more. A course's trial wrote one to let a
+    group hold more, and nothing said it could not."""
+    said = []
+    for group, quota in sorted(policy.per_group.items()):
+        for resource in RESOURCES:
+            mine, theirs = getattr(policy.per_user, resource.name), getattr(quota, resource.name)
+            if mine is not None and theirs is not None and theirs > mine:
+                said.append(
+                    f"per_group.{group}.{resource.name} is {theirs}, above per_user.{resource.name} ({mine}): "
+                    f"both apply and the tighter wins, so members of {group} still hold at most {mine} unless a "
+                    f"users: entry gives them more; to let {group} hold more, raise per_user.{resource.name} and "
+                    "limit the other groups instead"
+                )
+    return said
+
+
 def default_policy(nodes: Iterable[Node], requests: Iterable[Request]) -> QuotaPolicy:
     """The quota when the admin gave none: each user may hold half the pool's CPUs, memory, whole or shared
     GPUs and MIG slices, or what the largest of ``requests`` (the profiles) asks if that is more, so every
@@ -231,6 +249,23 @@ def standing(limits: Iterable[Limit], totals: Mapping[str, int]) -> list[tuple[L
 
 
 def standing_in_words(limits: Iterable[Limit], totals: Mapping[str, int]) -> str:
-    """``Your quota: 4 whole GPUs, 1 held · 56 CPUs, 16 held`` (servers and jobs, queued ones too)."""
-    rows = [words for _, words in standing(limits, totals)]
+    """``Your quota: 4 whole GPUs, 1 held or queued · no GPU shares (group students) · 56 CPUs, 16 held or
+    queued``: per resource the limit that binds (the tightest; a group's is named), with what the user holds
+    against it, servers and jobs, queued ones too."""
+    tightest: dict[str, Limit] = {}
+    for limit in limits:
+        found = tightest.get(limit.resource)
+        if found is None or (limit.value, limit.scope != "user") < (found.value, found.scope != "user"):
+            tightest[limit.resource] = limit
+    rows = []
+    for resource in RESOURCES:
+        if resource.name not in tightest:
+            continue
+        limit = tightest[resource.name]
+        by = f" (group {limit.subject})" if limit.scope == "group" else ""
+        held = totals.get(resource.name, 0) / resource.scale
+        if limit.value:
+            rows.append(f"{resource.words(limit.value)}{by}, {held:g} held or queued")
+        else:
+            rows.append(f"no {resource.many}{by}")
     return "Your quota: " + (" · ".join(rows) if rows else "no limits")

@@ -15,6 +15,7 @@ import logging
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
@@ -22,12 +23,12 @@ from jupyterhub.services.auth import HubAuth, HubOAuth
 from sqlalchemy import make_url
 
 from ..backends.discovery import DiscoveredPool, discover_pool
-from ..files.profiles_file import load_profiles
-from ..files.quotas_file import load_quotas
+from ..files.profiles_file import EXAMPLE_PROFILES, load_profiles
+from ..files.quotas_file import EXAMPLE_QUOTAS, load_quotas
 from ..limits import this_host
 from ..pool.policies import policy_by_name
 from ..pool.profiles import Profile
-from ..pool.quotas import default_policy, describe_quota
+from ..pool.quotas import QuotaPolicy, default_policy, describe_quota, group_limits_above_user
 from ..system_groups import unknown_names
 from ..telemetry.activity import ActivityTracker
 from .api.app import create_app
@@ -39,8 +40,10 @@ from .jobs.job_manager import JobManager
 from .jobs.preemption_loop import Preemptor
 from .jobs.runner import LocalRunner
 from .leasing.culls import Culls
+from .leasing.group_names import named_groups, warn_of_unknown_groups
 from .leasing.health import HealthKeeper
 from .leasing.lease_manager import LeaseManager
+from .leasing.quota_reload import QuotaReload
 from .leasing.reconcile import HubClient, reconcile_forever
 from .settings import ServiceSettings
 from .store.health_store import HealthStore
@@ -90,6 +93,10 @@ class Service:
                     fold_activity_forever(self.parts.tracker, self.parts.telemetry), "gpupool-activity"
                 )
             self._start(self.jobs.run_forever(), "gpupool-jobs")
+            if self.settings.quotas_file:
+                self._start(
+                    QuotaReload(self.manager, self.settings.quotas_file).run_forever(), "gpupool-quotas"
+                )
             if self.settings.preempt_after_seconds > 0:
                 preemptor = Preemptor(
                     self.jobs,
@@ -114,7 +121,17 @@ class Service:
             self.manager, hub, interval=interval, stop_unleased=self.settings.stop_unleased
         )
         self._start(loop, "gpupool-reconcile")
+        if not self.settings.system_groups:  # the host's groups are checked at start (unknown_names)
+            named = named_groups(*self._admins_files())
+            self._start(warn_of_unknown_groups(hub, named), "gpupool-group-names")
         return hub
+
+    def _admins_files(self) -> tuple[Sequence[Profile], QuotaPolicy | None]:
+        """The profiles and quotas the admin wrote: the shipped examples' groups are examples, not typos."""
+        own_profiles = Path(self.settings.profiles_file).resolve() != EXAMPLE_PROFILES.resolve()
+        quotas = self.settings.quotas_file
+        own_quotas = bool(quotas) and Path(quotas).resolve() != EXAMPLE_QUOTAS.resolve()
+        return (self.parts.profiles if own_profiles else ()), (self.manager.quotas if own_quotas else None)
 
     def _start(self, loop: Coroutine[Any, Any, None], name: str) -> None:
         self._tasks.append(asyncio.create_task(loop, name=name))
@@ -182,6 +199,8 @@ def lease_manager(
     else:
         quotas = default_policy(pool.nodes, (p.request() for p in profiles))
         whose = f"no quotas file, so each user may hold at most {describe_quota(quotas.per_user)}"
+    for line in group_limits_above_user(quotas):
+        log.warning("%s", line)
     if settings.system_groups:  # the host's groups and accounts are the hub's: a name it lacks is a typo
         for line in unknown_names(profiles, quotas if settings.quotas_file else None):
             log.warning("%s: a misspelling?", line)

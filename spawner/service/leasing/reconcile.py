@@ -47,7 +47,12 @@ PAGINATION = "application/jupyterhub-pagination+json"
 
 
 class HubError(RuntimeError):
-    """The hub could not be asked (unreachable, or refused the token or a scope); the pass changes nothing."""
+    """The hub could not be asked (unreachable, or refused the token or a scope); the pass changes nothing.
+    ``status`` is the hub's answer, None when it did not answer."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -81,20 +86,27 @@ class HubClient:
         await self._client.aclose()
 
     async def active_servers(self) -> list[HubServer]:
-        """Every ready or pending server of every user (``GET users?state=active``, page by page)."""
-        servers: list[HubServer] = []
+        """Every ready or pending server of every user (``GET users?state=active``)."""
+        return [server for user in await self._every("/users", state="active") for server in _servers(user)]
+
+    async def group_names(self) -> set[str]:
+        """Every JupyterHub group's name (``GET groups``; the scope ``list:groups``)."""
+        return {str(group["name"]) for group in await self._every("/groups")}
+
+    async def _every(self, path: str, **params: str) -> list[dict[str, Any]]:
+        """Every item of a paginated list, page by page."""
+        found: list[dict[str, Any]] = []
         offset = 0
         while True:
             page = await self._get_json(
-                "/users",
-                params={"state": "active", "offset": offset, "limit": self.page_size},
+                path,
+                params={**params, "offset": offset, "limit": self.page_size},
                 headers={"Accept": PAGINATION},
             )
-            users, following = _page(page)
-            for user in users:
-                servers.extend(_servers(user))
-            if following is None or not users:
-                return servers
+            items, following = _page(page)
+            found.extend(items)
+            if following is None or not items:
+                return found
             offset = following
 
     async def stop_server(self, user: str, name: str) -> None:
@@ -109,7 +121,10 @@ class HubClient:
     async def _get_json(self, path: str, **options: Any) -> Any:
         response = await self._request("GET", path, **options)
         if response.status_code != 200:
-            raise HubError(f"the hub answered {response.status_code} to GET {path}: {response.text[:300]}")
+            raise HubError(
+                f"the hub answered {response.status_code} to GET {path}: {response.text[:300]}",
+                response.status_code,
+            )
         return response.json()
 
     async def _request(self, method: str, path: str, **options: Any) -> httpx.Response:
@@ -120,7 +135,7 @@ class HubClient:
 
 
 def _page(answer: Any) -> tuple[list[dict[str, Any]], int | None]:
-    """The users of one page and the offset of the next (None at the end); a plain list is one last page."""
+    """The items of one page and the offset of the next (None at the end); a plain list is one last page."""
     if isinstance(answer, list):
         return answer, None
     following = (answer.get("_pagination") or {}).get("next")
