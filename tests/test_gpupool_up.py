@@ -496,6 +496,38 @@ def test_a_broken_profiles_or_quotas_file_stops_gpupool_up_on_the_terminal_befor
         httpx.get(f"http://127.0.0.1:{port}/hub/login", timeout=2)
 
 
+def test_a_broken_quotas_file_named_in_an_f_file_stops_gpupool_up_before_the_hub_starts(
+    tmp_path: Path,
+) -> None:
+    """A course's trial set ``c.ServiceSettings.quotas_file`` in an -f file: its typo was found by the service,
+    after the hub and proxy were up, where the same typo in GPUPOOL_QUOTAS stops gpupool up at once."""
+    broken = tmp_path / "course-quotas.yaml"
+    broken.write_text("per_group:\n  students: {mig_slice: 1}\n")
+    extra = tmp_path / "course.py"
+    extra.write_text(f"c = get_config()  # noqa\nc.ServiceSettings.quotas_file = {str(broken)!r}\n")
+    port = free_port_family()
+    result = subprocess.run(
+        up_command(
+            "--port",
+            str(port),
+            "--pool",
+            str(DEMO_POOL),
+            "--state-dir",
+            str(tmp_path / "s"),
+            "-f",
+            str(extra),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0, result.stderr
+    assert f"{broken}: per_group.students: unknown field 'mig_slice'" in result.stderr, result.stderr[-3000:]
+    assert "Starting proxy" not in result.stderr + result.stdout and "Log in at" not in result.stdout
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/hub/login", timeout=2)
+
+
 def test_a_second_gpupool_up_is_refused_and_leaves_the_running_hub_alone(start: tuple[Path, int]) -> None:
     """A trial ran ``make run`` twice in one clone: the second start stopped the first one's proxy (port 8000
     dead for 5 s), printed a login line, then died with a traceback and left its own pid in the pid file."""

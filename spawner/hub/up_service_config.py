@@ -41,10 +41,21 @@ def pass_to_service(c: Config, name: str, *, kube: bool, environ: Mapping[str, s
             settings[setting] = str(Path(str(settings[setting])).resolve())
     if kube and (namespace := _one_namespace(c, settings.get("kube_namespace"))):
         settings["kube_namespace"] = namespace  # one namespace for servers and jobs, whichever side set it
+    if settings.get("quotas_file"):  # read now, as gpupool up reads GPUPOOL_QUOTAS: not once the hub is up
+        _check_quotas_file(str(settings["quotas_file"]))
     profiles = _one_profiles_file(c, spawner_class, settings.get("profiles_file"), environ)
     c[spawner_class.__name__].profiles_file = profiles
     settings["profiles_file"] = profiles
     service["command"] = [*service["command"], *command_line(settings)]
+
+
+def _check_quotas_file(path: str) -> None:
+    from ..files.quotas_file import load_quotas
+
+    try:
+        load_quotas(path)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"gpupool: {error}") from None
 
 
 def _one_namespace(c: Config, service_side: str | None) -> str | None:
