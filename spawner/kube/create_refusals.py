@@ -25,6 +25,19 @@ class Refusal:
     message: str
     seconds: float
 
+    def waiting(self, patience_s: float) -> str:
+        """What a job shows while it waits on this refusal; ``patience_s``: when its run fails (0: never)."""
+        then = (
+            f"the run fails after {patience_s:.0f} s of this"
+            if patience_s > 0
+            else "until its maximum runtime"
+        )
+        return f"the cluster refuses to create its pod: {self.message} (for {self.seconds:.0f} s; {then})"
+
+    def ended(self) -> str:
+        """Why the run failed."""
+        return f"the cluster refused to create its pod for {self.seconds:.0f} s: {self.message}"
+
 
 class CreateRefusals:
     """Each Job's newest ``FailedCreate`` message, and when this process first heard one (``clock``: a

@@ -135,7 +135,7 @@ class KubeJobRunner:
         )  # fmt: skip
         self.events = Mirror(
             "events", self._core.list_namespaced_event, namespace=namespace, field_selector=FAILED_CREATE_SELECTOR,
-            on_change=self.refusals.heard, retry_s=self.retry_s,
+            on_change=self._heard_events, retry_s=self.retry_s,
         )  # fmt: skip
         self.logs = JobLogs(
             self._core, namespace, spawn=self._spawn, now=self._loop.time, refresh_s=self.log_refresh_s,
@@ -236,10 +236,7 @@ class KubeJobRunner:
             return Outcome(None, lost=f"its Kubernetes Job {name} disappeared without gpupool deleting it")
         refusal = self._refusal(name, for_good=True)
         if refusal is not None:
-            return Outcome(
-                None,
-                reason=f"the cluster refused to create its pod for {refusal.seconds:.0f} s: {refusal.message}",
-            )
+            return Outcome(None, reason=refusal.ended())
         return job_outcome(found, self._pods_of(name))
 
     def finish(self, job: Job) -> None:
@@ -267,12 +264,7 @@ class KubeJobRunner:
         if found is None:
             return None
         refusal = self._refusal(name)
-        if refusal is not None:
-            return (
-                f"the cluster refuses to create its pod: {refusal.message} (for {refusal.seconds:.0f} s; "
-                f"the run fails after {self.refused_patience_s:.0f} s of this)"
-            )
-        return holdup(found, self._pods_of(name))
+        return refusal.waiting(self.refused_patience_s) if refusal else holdup(found, self._pods_of(name))
 
     def reap(self) -> None:
         pass  # the Job controller and the garbage collector clean up after pods
@@ -296,6 +288,11 @@ class KubeJobRunner:
         if refusal is None or self._pods_of(name):
             return None
         return refusal if not for_good or 0 < self.refused_patience_s <= refusal.seconds else None
+
+    def _heard_events(self, events: list[Obj]) -> None:
+        """The FailedCreate events of gpupool's Jobs (another application's Jobs may share the namespace)."""
+        ours = self.jobs.objects if self.jobs is not None else {}
+        self.refusals.heard(e for e in events if (e.get("involvedObject") or {}).get("name") in ours)
 
     def _remember_disruptions(self, touched: list[Obj]) -> None:
         for pod in touched:
