@@ -7,7 +7,7 @@ service does.
 
 # No ``from __future__ import annotations``: FastAPI must evaluate the aliases in route signatures.
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Annotated, Any
@@ -111,6 +111,15 @@ def require_manager(caller: Caller, what: str) -> None:
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
             f"{caller.kind} {caller.name} may not {what}: they need custom:gpupool:admin or custom:gpupool:leases",
+        )
+
+
+def require_may_use(profile: Profile, groups: Iterable[str], admin: bool) -> None:
+    """403 naming the groups unless a user of ``groups`` (a hub admin if ``admin``) may use ``profile``."""
+    if not profile.visible_to(groups, admin):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"profile: only members of {' or '.join(sorted(profile.groups))} may use {profile.slug}",
         )
 
 

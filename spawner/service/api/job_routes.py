@@ -24,7 +24,7 @@ from ..jobs.runner import NoHome
 from ..jobs.submission import InvalidJob, Submission, SubmissionConflict, TooManyQueuedJobs
 from ..store.job_store import JobNotFound
 from .auth import Caller
-from .context import CallerDep, PartsDep
+from .context import CallerDep, PartsDep, require_may_use
 from .job_models import JobOut, JobRequest
 from .models import Problem
 
@@ -69,11 +69,7 @@ async def post_job(body: JobRequest, parts: PartsDep, caller: CallerDep, respons
             "user makes one on the hub's token page, /hub/token, for JUPYTERHUB_API_TOKEN)",
         )
     profile = find_profile(jobs.profiles, body.profile)
-    if not profile.visible_to(caller.groups, caller.uses_every_profile):
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN,
-            f"profile: only members of {' or '.join(sorted(profile.groups))} may use {profile.slug}",
-        )
+    require_may_use(profile, caller.groups, caller.uses_every_profile)
     ask = Submission(
         profile=body.profile,
         command=body.command,

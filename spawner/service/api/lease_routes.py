@@ -20,7 +20,7 @@ from ...pool.profiles import find_profile
 from ...pool.quotas import standing, standing_in_words, usage
 from ..leasing.lease_manager import LeaseManager
 from .auth import Caller
-from .context import CallerDep, PartsDep, ServiceParts
+from .context import CallerDep, PartsDep, ServiceParts, require_may_use
 from .models import KubePlacement, LeaseOut, LeaseRequest, ProfileOut, QuotaLimitOut, QuotaOut, ResourcesOut
 
 ANOTHER_USER = "another user"
@@ -140,11 +140,7 @@ async def post_lease(
     profile = find_profile(parts.profiles, body.profile)
     # the spawner vouches for the user's groups and admin flag
     admin = body.admin or caller.uses_every_profile
-    if not profile.visible_to(groups, admin):
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN,
-            f"profile: only members of {' or '.join(sorted(profile.groups))} may use {profile.slug}",
-        )
+    require_may_use(profile, groups, admin)
     if (
         body.walltime is not None
         and profile.max_lifetime is not None
