@@ -83,6 +83,18 @@ def test_the_profile_list_shows_only_usable_profiles_with_what_could_start_now()
     assert all("kubespawner_override" not in row for row in listed.values())  # the lease decides
 
 
+def test_the_profile_list_keeps_a_profile_the_users_quota_refuses_now_saying_so_and_never_as_default() -> (
+    None
+):
+    """With the spawn form's closed rows out of KubeSpawner's reach, a profile over the user's quota vanished
+    from its list without a word."""
+    said = "stu1's quota allows 1 MIG slice at once; 1 is held or queued and 1 more was asked for"
+    choices = form.choices_for(PROFILES, [], False, {"mig-3g": (2, 0)}, {}, over_quota={"mig-3g": said})
+    listed = {row["slug"]: row for row in form.profile_list(choices)}
+    assert str(listed["mig-3g"]["description"]).endswith(f"not now: {said}")
+    assert not listed["mig-3g"].get("default") and sum(1 for r in listed.values() if r.get("default")) == 1
+
+
 def test_a_lease_becomes_the_pods_node_affinity_limits_labels_and_environment() -> None:
     async def leased() -> dict[str, Any]:
         spawner = _spawner(tolerations=[{"key": "hub.jupyter.org/dedicated", "operator": "Exists"}])

@@ -290,16 +290,19 @@ def _memory(profile: Profile) -> str:
 
 def profile_list(choices: Sequence[ProfileChoice]) -> list[dict[str, object]]:
     """KubeSpawner's ``profile_list`` for the usable choices (its form has no disabled rows, so a profile the
-    user may not use, or that never fits, is left out): display name, slug, and a description that carries
-    the live availability. No ``kubespawner_override``: the granted lease, not the form, sets the pod's
-    resources, node and environment."""
+    user may not use, or that never fits, is left out; one the user's quota refuses now stays, saying so, as
+    a profile that vanished would say nothing): display name, slug, and a description that carries the live
+    availability. No ``kubespawner_override``: the granted lease, not the form, sets the pod's resources,
+    node and environment."""
     usable = [c for c in choices if c.usable]
     default = next((c for c in usable if c.profile.default), usable[0] if usable else None)
     rows: list[dict[str, object]] = []
-    for choice in usable:
+    for choice in [c for c in choices if c.usable or c.quota_full]:
         profile = choice.profile
         live = (
-            f"{choice.available_now} can start now"
+            f"not now: {choice.blocked_reason}"
+            if choice.quota_full
+            else f"{choice.available_now} can start now"
             if choice.available_now
             else f"none free now, {choice.queued} waiting: you would queue"
         )
