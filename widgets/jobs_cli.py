@@ -11,9 +11,10 @@ import argparse
 import datetime as dt
 import re
 import sys
+import time
 from typing import Any
 
-from ._api import EXAMPLE_URL, MAX_RETRIES, UP_STATE, Connection, GpupoolError, time_of_day
+from ._api import EXAMPLE_URL, MAX_RETRIES, UP_STATE, Connection, GpupoolError, time_and_span, time_of_day
 from .jobs import Job, submit
 
 
@@ -116,18 +117,20 @@ def _submit(args: argparse.Namespace) -> int:
         detail = re.sub(r"^(working_dir|max_runtime|submission_id)\b", _option, error.detail)
         raise GpupoolError(error.status, error.error, detail) from None
     model = job.model()
-    print(f"{job.id}\t{model['name']}\t{_place(model) or model['state']}")
+    print(f"{job.id}\t{model['name']}\t{where_it_stands(model) or model['state']}")
     return 0
 
 
-def _place(model: dict[str, Any]) -> str:
-    """Where a job stands before its command runs: ``#2 in the queue, expected to start by 14:05 UTC`` while
-    it waits, ``not started: its pod is not scheduled: …`` while a cluster holds it up ('' once it runs)."""
+def where_it_stands(model: dict[str, Any], now: float | None = None) -> str:
+    """Where a job stands before its command runs: ``#2 in the queue, expected to start by 14:05 UTC (in about
+    12 min)`` while it waits (as JobPanel says it: a time of day alone cannot tell today's from tomorrow's),
+    ``not started: its pod is not scheduled: …`` while a cluster holds it up ('' once it runs)."""
     held_up = model.get("held_up")
     if model.get("position") is None:
         return f"not started: {held_up}" if held_up else ""
     start = model.get("expected_start")
-    by = f", expected to start by {time_of_day(float(start))}" if start else ""
+    at = time.time() if now is None else now
+    by = f", expected to start by {time_and_span(float(start), at, time_of_day)}" if start else ""
     return f"#{model['position'] + 1} in the queue{by}" + (f"; {held_up}" if held_up else "")
 
 
@@ -136,7 +139,7 @@ def _jobs(args: argparse.Namespace) -> int:
     print("ID\tUSER\tNAME\tPROFILE\tSTATE\tSUBMITTED\tWHY")  # USER: an admin's list has everyone's
     for model in models:
         submitted = dt.datetime.fromtimestamp(model["submitted_at"]).strftime("%Y-%m-%d %H:%M")
-        state = model["state"] + (f" ({place})" if (place := _place(model)) else "")
+        state = model["state"] + (f" ({place})" if (place := where_it_stands(model)) else "")
         who = f"{model['id']}\t{model['user']}\t{model['name']}\t{model['profile']}"
         print(f"{who}\t{state}\t{submitted}\t{model['reason']}")
     return 0
@@ -145,7 +148,7 @@ def _jobs(args: argparse.Namespace) -> int:
 def _logs(args: argparse.Namespace) -> int:
     job = Job(args.job_id, connect(args))
     if args.follow:
-        if waiting := _place(job.model()):  # nothing to show until it starts: say so, not silence
+        if waiting := where_it_stands(job.model()):  # nothing to show until it starts: say so, not silence
             print(f"[gpupool: job {job.id} is {waiting}; its log follows once it starts]", file=sys.stderr)
         state = job.follow()
         print(f"[gpupool: job {job.id} {state}]", file=sys.stderr)
