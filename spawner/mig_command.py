@@ -129,7 +129,7 @@ def _from_trace(args: argparse.Namespace) -> dict[str, Any]:
     from .bench.trace import load_pods
     from .files.profiles_file import EXAMPLE_PROFILES, load_profiles
     from .mig_report import describe_advice
-    from .pool.mig_advice import advise, demand_of, mig_gpus, offered_asks, scaled_demand
+    from .pool.mig_advice import advise, demand_of, mig_gpus, mig_products, offered_asks, scaled_demand
 
     load = 1.0 if args.load is None else args.load
     pods = load_pods(args.trace)  # a missing or bad trace fails before the pool is looked for
@@ -146,7 +146,7 @@ def _from_trace(args: argparse.Namespace) -> dict[str, Any]:
             f" ({observed.total()} asks shrunk to {demand.total()}, {load:g} × the capacity of the "
             f"{len(gpus)} MIG GPUs, keeping their mix)"
         )
-    keep = offered_asks((profile.request() for profile in profiles), gpus)
+    keep = offered_asks((profile.request() for profile in profiles), mig_products(found.nodes))
     return describe_advice(advise(gpus, demand, keep), source)
 
 

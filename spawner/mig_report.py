@@ -104,6 +104,8 @@ def figures_rows(description: dict[str, Any]) -> list[tuple[str, str, str]]:
 def render_advice(description: dict[str, Any]) -> str:
     """The advice as text: demand, each GPU's layout now and advised, the figures, then the two YAML forms."""
     gpus = description["gpus"]
+    if not gpus and description.get("missing"):  # every MIG GPU drained or unhealthy
+        return f"No GPU in MIG mode is in service: {_missing_text(description['missing'])}."
     if not gpus:
         return (
             "No GPU is in MIG mode: nothing to advise (gpupool advises layouts for GPUs already in MIG mode)."
@@ -175,6 +177,8 @@ def advice_html(description: dict[str, Any]) -> str:
     """The dashboard's short form: the GPUs to change, the figures, and the two YAML forms folded away."""
     e = html.escape
     gpus = description["gpus"]
+    if not gpus and description.get("missing"):
+        return f"<p>No GPU in MIG mode is in service: {e(_missing_text(description['missing']))}.</p>"
     if not gpus:
         return "<p>No GPU is in MIG mode: nothing to advise.</p>"
     changed = [g for g in gpus if g["changed"]]

@@ -69,6 +69,6 @@ def test_a_refusal_is_timed_from_the_first_heard_and_says_the_newest_reason_in_t
         "the cluster refuses to create its pod: admission webhook denied the request (for 30 s; the run fails "
         "after 300 s of this)"
     )
-    assert refusal.waiting(0).endswith("(for 30 s; until its maximum runtime)")
+    assert refusal.waiting(0).endswith("(for 30 s; it waits until its maximum runtime)")
     refusals.forget("gpupool-job-1-1")
     assert refusals.of("gpupool-job-1-1") is None

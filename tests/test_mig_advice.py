@@ -319,6 +319,14 @@ def test_an_offered_profile_left_without_a_slice_in_service_is_named_in_the_repo
     offered = [_ask("H100-80GB", "1g.10gb")]
     served = advise(_gpus([("H100-80GB", h100)]), Counter({_ask("H100-80GB", "1g.10gb"): 2}), keep=offered)
     assert served.missing == () and "1g.10gb" in [p.profile for p in served.gpus[0].advised]  # asked: added
+    # the review: with every MIG GPU of the product drained, the profiles were forgotten, not named
+    service.manager.set_health("dgx-h100-01", Health.DRAINED, 6, "maintenance")
+    with Client(service.app) as client:
+        none_left = client.get("api/v1/admin/mig-advice", "admin-token").json()
+    assert none_left["gpus"] == [] and none_left["missing"] == ["1g.10gb", "3g.40gb"], none_left
+    assert render_advice(none_left).startswith(
+        "No GPU in MIG mode is in service: no GPU in service has a slice"
+    )
 
 
 def test_the_admin_dashboard_shows_mig_advice_and_a_users_page_does_not(tmp_path: Path, hub_api: str) -> None:

@@ -29,7 +29,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     tmp = tmp_path_factory.mktemp("hub")
     ports = free_ports()
     quotas = tmp / "quotas.yaml"
-    quotas.write_text("users:\n  carol: {mig_slices: 1}\n")  # nobody else is limited
+    quotas.write_text("users:\n  carol: {mig_slices: 1}\n  dora: {mig_slices: 0}\n")  # nobody else is limited
     service_env = {
         "GPUPOOL_POOL": str(DEMO_POOL),
         "GPUPOOL_DB_URL": f"sqlite:///{tmp}/gpupool.sqlite",
@@ -45,7 +45,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     )
     with RunningHub(tmp, ports, ADMIN_TOKEN, service_env=service_env, fail=pytest.fail) as hub:
         hub.tokens["hub-client"] = HUB_CLIENT_TOKEN
-        for name in ("alice", "bob", "carol"):
+        for name in ("alice", "bob", "carol", "dora"):
             hub.create_user(name)
             hub.token_for(name)
         yield hub
@@ -327,8 +327,13 @@ def test_profiles_say_what_carols_quota_refuses_now_with_the_limit_named(hub: Hu
         assert all(p["over_quota"] is None for p in bob.get("/profiles").json())
         assert bob.get("/profiles", params={"user": "carol"}).status_code == 403
     _release(hub, lease)
-    with hub.as_user("carol") as carol:
+    with hub.as_user("carol") as carol, hub.as_user("dora") as dora:
         assert {p["slug"]: p for p in carol.get("/profiles").json()}["mig-3g"]["over_quota"] is None
+        # the review: a quota of 0 is no quota "in use": nothing dora stops would let her start it
+        hers = {p["slug"]: p for p in dora.get("/profiles").json()}["mig-3g"]
+        assert hers["over_quota"] is None and hers["quota_forbids"].startswith(
+            "dora's quota allows no MIG slices"
+        )
 
 
 def test_a_walltime_is_kept_with_the_lease_and_one_past_the_profiles_lifetime_is_refused(hub: Hub) -> None:

@@ -193,6 +193,14 @@ def test_a_user_whose_quota_is_taken_is_told_to_free_some_of_it_not_to_ask_an_ad
     assert html.count(said.replace("'", "&#x27;")) == len(open_ones)  # each closed row says the limit
     never = choices_for(open_ones[:1], (), False, {}, {open_ones[0].slug: "no such GPU"}, over_quota={})
     assert not never[0].quota_full  # a profile that never fits is not waiting on the quota
+    # the review: a quota of 0 is not "taken": freeing nothing would open it
+    zero = "members of group students may each hold no whole GPUs at once; 0 are held or queued and 1 more …"
+    live = Availability(
+        {p.slug: (1, 0) for p in open_ones}, {}, "nvml", quota_forbids={p.slug: zero for p in open_ones}
+    )
+    closed = from_service(open_ones, [], False, live, 0)
+    assert not any(c.usable or c.quota_full for c in closed)
+    assert "ask an administrator" in render_form(closed, backend="nvml")
 
 
 def test_display_names_descriptions_and_groups_are_html_escaped() -> None:

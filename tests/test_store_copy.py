@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from postgres_server import PostgresServer
+from sqlalchemy import text
 
 from gpupool.spawner.backends.simulated import DEMO_POOL, load_pool_file
 from gpupool.spawner.cli import main
@@ -112,6 +113,30 @@ def test_a_copy_refuses_a_store_in_use_a_target_with_rows_and_a_bad_url_naming_t
         copy_store(source, "postgres at db01")
     with pytest.raises(StoreCopyError, match=r"^--to: names the same database as --from"):
         copy_store(source, source)
+    spelled_otherwise = sqlite_url(str(tmp_path / "." / "gpupool.sqlite"))
+    with pytest.raises(StoreCopyError, match=r"^--to: names the same database as --from"):
+        copy_store(source, spelled_otherwise)
+
+
+def test_a_row_the_target_refuses_stops_the_copy_naming_the_table_and_leaves_the_target_empty(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """SQLite keeps a string longer than its column; PostgreSQL refuses it (the review)."""
+    source, _ = _lab_store(tmp_path / "gpupool.sqlite")
+    store = LeaseStore(source)
+    try:
+        with store.engine.begin() as connection:
+            connection.execute(text("UPDATE leases SET owner_name = :long"), {"long": "x" * 300})
+    finally:
+        store.close()
+    target = postgres.new_database()
+    with pytest.raises(StoreCopyError, match=r"^--to: leases: .*value too long.*; nothing was copied"):
+        copy_store(source, target)
+    emptied = LeaseStore(target)
+    try:
+        assert emptied.list_all() == [] and JobStore(emptied.engine).list_all() == []
+    finally:
+        emptied.close()
 
 
 def test_the_cli_says_a_refusal_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:

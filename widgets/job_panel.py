@@ -42,6 +42,8 @@ def profile_choices(profiles: Iterable[Mapping[str, Any]], now: float | None = N
     for profile in profiles:
         if profile.get("never_fits"):
             label = f"{profile['display_name']} — cannot run on this pool: {profile['never_fits']}"
+        elif profile.get("quota_forbids"):
+            label = f"{profile['display_name']} — not within your quota: {profile['quota_forbids']}"
         elif profile.get("over_quota"):
             label = f"{profile['display_name']} — not now: {profile['over_quota']}"
         else:
@@ -56,7 +58,7 @@ def profile_choices(profiles: Iterable[Mapping[str, Any]], now: float | None = N
 
 def default_profile(profiles: Iterable[Mapping[str, Any]]) -> str | None:
     """The slug the spawn form would check: the default profile, else the first the pool can run."""
-    usable = [p for p in profiles if not p.get("never_fits")]
+    usable = [p for p in profiles if not p.get("never_fits") and not p.get("quota_forbids")]
     chosen = next((p for p in usable if p.get("default")), usable[0] if usable else None)
     return str(chosen["slug"]) if chosen else None
 

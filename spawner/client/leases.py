@@ -24,6 +24,7 @@ class Availability:
     backend: str
     expected_starts: dict[str, float] = field(default_factory=dict)  # slug: when one asked now could start
     over_quota: dict[str, str] = field(default_factory=dict)  # slug: why the user's quota refuses it now
+    quota_forbids: dict[str, str] = field(default_factory=dict)  # slug: why it does even if they held nothing
 
 
 class ServiceClient(Connection):
@@ -35,7 +36,8 @@ class ServiceClient(Connection):
 
     async def profiles(self, user: str | None = None, groups: Iterable[str] = ()) -> list[dict[str, Any]]:
         """``GET profiles``: the profiles the token may use (the hub's: all), each with ``available_now``,
-        ``queued``, ``never_fits``, and ``over_quota`` judged for ``user`` with ``groups``."""
+        ``queued``, ``never_fits``, and ``over_quota`` and ``quota_forbids`` judged for ``user`` with
+        ``groups``."""
         params = {"user": user, "groups": sorted(groups)} if user else None
         return cast(list[dict[str, Any]], await self.acall("GET", "profiles", params=params))
 
@@ -56,6 +58,7 @@ class ServiceClient(Connection):
                 p["slug"]: float(p["expected_start"]) for p in profiles if p.get("expected_start")
             },
             over_quota={p["slug"]: str(p["over_quota"]) for p in profiles if p.get("over_quota")},
+            quota_forbids={p["slug"]: str(p["quota_forbids"]) for p in profiles if p.get("quota_forbids")},
         )
 
     async def quota_summary(self, user: str, groups: Iterable[str]) -> str:

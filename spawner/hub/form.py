@@ -53,7 +53,7 @@ class ProfileChoice:
     blocked_reason: str | None = None  # None when the user may start it
     simulated: bool = False  # the counts come from a simulated pool
     expected_wait: str = ""  # when none is free: "expected to start by 14:05 UTC (in about 12 min)"
-    quota_full: bool = False  # blocked only until the user holds less (their quota)
+    quota_full: bool = False  # blocked by the user's quota only until they hold less
 
     @property
     def usable(self) -> bool:
@@ -106,7 +106,7 @@ def from_service(
     refuses now, the backend, and when one asked ``now`` could expect to start."""
     waits = {slug: in_words(start, now, time_of_day) for slug, start in live.expected_starts.items()}
     simulated = live.backend == "simulated"
-    blocked = dict(live.never_fits)
+    blocked = live.quota_forbids | live.never_fits  # a quota of 0 closes a profile as a group rule does
     if live.backend:  # the service answered: a profile it does not know would be refused at the start
         blocked |= {p.slug: NOT_IN_SERVICE for p in profiles if p.slug not in live.counts}
     return choices_for(

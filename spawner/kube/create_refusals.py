@@ -30,7 +30,7 @@ class Refusal:
         then = (
             f"the run fails after {patience_s:.0f} s of this"
             if patience_s > 0
-            else "until its maximum runtime"
+            else "it waits until its maximum runtime"
         )
         return f"the cluster refuses to create its pod: {self.message} (for {self.seconds:.0f} s; {then})"
 

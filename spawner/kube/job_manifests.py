@@ -114,10 +114,13 @@ def home_claim_name(settings: JobSettings, user: str) -> str:
 ATTEMPT_ANNOTATION = "gpupool.io/attempt"
 
 
+JOB_PREFIX = "gpupool-job-"  # every training Job's name begins so
+
+
 def job_name(job_id: str, attempt: int = 1) -> str:
     """``gpupool-job-<id>-<attempt>`` as a valid Job name (at most 63, as the ``job-name`` label on its pods
     must be). Each attempt has a Job of its own, so a retry never waits for the last one's deletion."""
-    return dns_label(f"gpupool-job-{job_id}-{attempt}")
+    return dns_label(f"{JOB_PREFIX}{job_id}-{attempt}")
 
 
 def checkpoint_dir(settings: JobSettings, job_id: str) -> str:

@@ -342,10 +342,19 @@ def _instances(mix: Mix) -> Counter[Slot]:
     return instances
 
 
-def offered_asks(requests: Iterable[Request], gpus: Sequence[MigGpu]) -> list[Ask]:
-    """The asks of the MIG profiles offered (``requests``: each profile's request) on these GPUs' products."""
-    products = {gpu.product for gpu in gpus}
-    return [a for r in requests if isinstance(r.gpu, MigSlice) and (a := ask_for(r, products)) is not None]
+def offered_asks(requests: Iterable[Request], products: Iterable[str]) -> list[Ask]:
+    """The asks of the MIG profiles offered (``requests``: each profile's request) on ``products``: those of
+    every MIG GPU, in service or not (:func:`mig_products`), so a profile whose every GPU is drained is named
+    as left without a slice, not forgotten."""
+    found = set(products)
+    return [a for r in requests if isinstance(r.gpu, MigSlice) and (a := ask_for(r, found)) is not None]
+
+
+def mig_products(nodes: Iterable[Node]) -> set[str]:
+    """The products of every GPU in MIG mode whose geometry gpupool knows, healthy or not."""
+    return {
+        g.product for node in nodes for g in node.gpus if g.mode is GpuMode.MIG and g.product in GEOMETRIES
+    }
 
 
 def _assign(gpus: Sequence[MigGpu], mix: Mix) -> tuple[GpuAdvice, ...]:

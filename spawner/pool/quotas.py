@@ -238,12 +238,16 @@ def _message(limit: Limit, held: int, asked: int) -> str:
 
 
 def standing(limits: Iterable[Limit], totals: Mapping[str, int]) -> list[tuple[Limit, str]]:
-    """Each limit with what it allows and what is held against it, in words: ``4 whole GPUs, 1 held``."""
+    """Each limit with what it allows and what is held against it, in words: ``4 whole GPUs, 1 held or
+    queued``."""
     rows = []
     for limit in limits:
         resource = _BY_NAME[limit.resource]
         rows.append(
-            (limit, f"{resource.words(limit.value)}, {totals.get(limit.resource, 0) / resource.scale:g} held")
+            (
+                limit,
+                f"{resource.words(limit.value)}, {totals.get(limit.resource, 0) / resource.scale:g} held or queued",
+            )
         )
     return rows
 

@@ -18,6 +18,7 @@ from ...pool.environments import UnknownEnvironment
 from ...pool.leases import Lease, LeaseState
 from ...pool.profiles import find_profile
 from ...pool.quotas import standing, standing_in_words, usage
+from ...pool.requests import Request
 from ..leasing.lease_manager import LeaseManager
 from .auth import Caller
 from .context import CallerDep, PartsDep, ServiceParts, require_may_use
@@ -51,7 +52,8 @@ async def get_profiles(
     user: str | None = None,
     groups: Annotated[list[str] | None, Query()] = None,
 ) -> list[ProfileOut]:
-    """``over_quota`` is judged for ``user`` (the caller's own by default) with ``groups`` (see ``quota``)."""
+    """``over_quota`` and ``quota_forbids`` are judged for ``user`` (the caller's own by default) with
+    ``groups`` (see ``quota``)."""
     name, counted = _quota_subject(caller, user, groups)
     # The hub's spawners show every profile (with why one is closed), so they get availability for all.
     usable = [
@@ -67,14 +69,26 @@ async def get_profiles(
     for p in usable:
         now, queued = counts.get(p.slug, (0, 0))
         start = manager.expected_start_of_new(p.request()) if not now and not never_fits[p.slug] else None
-        refusal = None if never_fits[p.slug] else manager.quota_refusal(name, counted, p.request())
-        over = str(refusal) if refusal is not None else None
-        rows.append(
-            ProfileOut.from_profile(
-                p, now, queued, never_fits[p.slug], start, simulated=simulated, over_quota=over
-            )
+        over, forbids = (
+            (None, None) if never_fits[p.slug] else _quota_says(manager, name, counted, p.request())
         )
+        row = ProfileOut.from_profile(p, now, queued, never_fits[p.slug], start, simulated=simulated)
+        rows.append(row.model_copy(update={"over_quota": over, "quota_forbids": forbids}))
     return rows
+
+
+def _quota_says(
+    manager: LeaseManager, user: str, groups: frozenset[str], request: Request
+) -> tuple[str | None, str | None]:
+    """Why ``user``'s quota refuses ``request``: now, until they hold less (``over_quota``); or even while
+    they hold nothing (``quota_forbids``: a limit of 0, or below what the profile asks), which no stopped
+    server or cancelled job mends."""
+    quotas = manager.quotas
+    forbids = quotas.check(user, groups, request, []) if quotas is not None else None
+    if forbids is not None:
+        return None, str(forbids)
+    over = manager.quota_refusal(user, groups, request)
+    return (str(over) if over is not None else None), None
 
 
 @router.get("/quota", summary="A user's quota and what they hold against it (the caller's own by default)")
@@ -105,10 +119,13 @@ async def get_quota(
 
 def _quota_subject(caller: Caller, user: str | None, groups: list[str] | None) -> tuple[str, frozenset[str]]:
     """Whose quota a read is about (``user``, else the caller; 403 unless the caller may see it) and the
-    groups it counts: ``groups`` from the hub's spawners, which know a user's groups, else the caller's own."""
+    groups it counts: ``groups`` as the hub's spawners or an admin give them (the hub knows a user's groups,
+    the service does not), else the caller's own for themselves, and none for anyone else."""
     name = user or caller.name
     caller.check_may_see(name, f"the quota of {name}")
-    return name, frozenset(groups) if groups is not None and caller.acts_for_others else caller.groups
+    if groups is not None and caller.sees_everyone:
+        return name, frozenset(groups)
+    return name, caller.groups if name == caller.name else frozenset()
 
 
 async def hubs_spawner(caller: CallerDep) -> Caller:

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from ...mig_report import describe_advice
-from ...pool.mig_advice import Advice, Ask, MigGpu, advise, demand_of, mig_gpus, offered_asks
+from ...pool.mig_advice import Advice, Ask, MigGpu, advise, demand_of, mig_gpus, mig_products, offered_asks
 from ...pool.profiles import Profile
 from ...pool.state import PoolState
 from ..leasing.lease_manager import LeaseManager
@@ -32,7 +32,8 @@ def live_advice(manager: LeaseManager, profiles: Sequence[Profile]) -> Advice:
     gpus = manager.inspect(_in_service)
     requests = [lease.request for lease in manager.all_leases(active_only=True)]
     demand = demand_of(requests, {gpu.product for gpu in gpus})
-    keep = offered_asks((p.request() for p in profiles), gpus)
+    products = manager.inspect(lambda pool: mig_products(ns.node for ns in pool.nodes))
+    keep = offered_asks((p.request() for p in profiles), products)
     return _advice(
         tuple(gpus),
         tuple(sorted(demand.items(), key=lambda item: (item[0].label, item[0].serves))),

@@ -182,8 +182,13 @@ class ProfileOut(BaseModel):
     never_fits: str | None = Field(description="why the pool can never serve it, or null")
     over_quota: str | None = Field(
         default=None,
-        description="why the quota of the user asked about (the caller by default) refuses it now, given what "
-        "they hold, or null",
+        description="why the quota of the user asked about (the caller by default) refuses it now, until they "
+        "hold less, or null",
+    )
+    quota_forbids: str | None = Field(
+        default=None,
+        description="why that user's quota refuses it even while they hold nothing (a limit of 0, or below "
+        "what it asks), or null",
     )
     simulated: bool = Field(
         default=False,
@@ -215,7 +220,6 @@ class ProfileOut(BaseModel):
         expected_start: float | None = None,
         *,
         simulated: bool = False,
-        over_quota: str | None = None,
     ) -> ProfileOut:
         return cls(
             slug=profile.slug,
@@ -228,7 +232,6 @@ class ProfileOut(BaseModel):
             available_now=available_now,
             queued=queued,
             never_fits=never_fits,
-            over_quota=over_quota,
             simulated=simulated,
             expected_start=expected_start,
             idle_timeout=profile.idle_timeout,

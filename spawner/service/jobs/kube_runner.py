@@ -41,7 +41,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from ...kube.api_errors import NO_ANSWER, in_words
 from ...kube.create_refusals import FAILED_CREATE_SELECTOR, CreateRefusals, Refusal
-from ...kube.job_manifests import JobSettings, home_claim_name, job_name, training_job
+from ...kube.job_manifests import JOB_PREFIX, JobSettings, home_claim_name, job_name, training_job
 from ...kube.job_status import disrupted_pod, finished_condition, holdup, owner_job
 from ...kube.labels import SHARED_RESOURCE
 from ...kube.manifests import COMPONENT_LABEL, MANAGED_BY, JsonDict, ManifestError
@@ -282,17 +282,20 @@ class KubeJobRunner:
         return pods
 
     def _refusal(self, name: str, *, for_good: bool = False) -> Refusal | None:
-        """Why the cluster will not create the Job's pod, while it has none; with ``for_good``, only once that
-        has lasted ``refused_patience_s`` (0: never)."""
+        """Why the cluster will not create the Job's pod while it has none; ``for_good``: past the patience."""
         refusal = self.refusals.of(name)
-        if refusal is None or self._pods_of(name):
+        if refusal is not None and self._pods_of(name):  # it has a pod now: a later refusal starts afresh
+            self.refusals.forget(name)
             return None
-        return refusal if not for_good or 0 < self.refused_patience_s <= refusal.seconds else None
+        if refusal is None or not for_good:
+            return refusal
+        return refusal if 0 < self.refused_patience_s <= refusal.seconds else None
 
     def _heard_events(self, events: list[Obj]) -> None:
-        """The FailedCreate events of gpupool's Jobs (another application's Jobs may share the namespace)."""
-        ours = self.jobs.objects if self.jobs is not None else {}
-        self.refusals.heard(e for e in events if (e.get("involvedObject") or {}).get("name") in ours)
+        """FailedCreate events of gpupool's Jobs, by name: the Jobs' list may come after the events' at start."""
+        self.refusals.heard(
+            e for e in events if str((e.get("involvedObject") or {}).get("name")).startswith(JOB_PREFIX)
+        )
 
     def _remember_disruptions(self, touched: list[Obj]) -> None:
         for pod in touched:

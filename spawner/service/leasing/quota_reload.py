@@ -1,7 +1,8 @@
 """The quotas file read again when it changes, so an admin tightens or lifts a limit without a restart.
 
 A course's trial edited the quotas file under a running hub: nothing changed and nothing said so. The service
-now looks at the file's modification time and size every few seconds. A file that reads well replaces the
+now looks at the file's modification time and size every few seconds, and reads it once they have held
+still for one look (an editor that truncates, then writes, is not read half-way). A file that reads well replaces the
 quotas in force (leases already held stay: a lower limit refuses only what is asked next); one that does not
 leaves them in force, and the error is logged once, naming the field, until the file changes again.
 """
@@ -26,14 +27,20 @@ class QuotaReload:
     def __init__(self, manager: LeaseManager, path: str | Path) -> None:
         self.manager = manager
         self.path = Path(path)
-        self._seen = self._stamp()
+        self._applied = self._stamp()
+        self._settling: tuple[int, int] | None = None  # a change seen once, read if it holds still
 
     def check(self) -> bool:
-        """Read the file again if it changed since last seen; True when new quotas came into force."""
+        """Read the file again if it changed and has held still since the last look; True when new quotas
+        came into force."""
         stamp = self._stamp()
-        if stamp is None or stamp == self._seen:  # missing: an editor's save-by-rename, a moment long
+        if stamp is None or stamp == self._applied:  # missing: an editor's save-by-rename, a moment long
+            self._settling = None
             return False
-        self._seen = stamp
+        if stamp != self._settling:  # changed since the last look: maybe still being written
+            self._settling = stamp
+            return False
+        self._applied, self._settling = stamp, None
         try:
             quotas = load_quotas(self.path)
         except QuotaFileError as error:

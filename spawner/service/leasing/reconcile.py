@@ -21,7 +21,8 @@ Scopes, granted to the service in a JupyterHub role (``gpupool.spawner.hub.up.ro
 embedded hub)::
 
     {"name": "gpupool-service", "services": ["gpupool"],
-     "scopes": ["list:users", "read:servers"]}          # + "delete:servers" for stop_unleased
+     "scopes": ["list:users", "read:servers"]}          # + "delete:servers" for stop_unleased,
+                                                         # + "list:groups" for .group_names' check
 
 The service calls the hub with its own ``JUPYTERHUB_API_TOKEN``.
 """

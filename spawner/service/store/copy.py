@@ -5,8 +5,9 @@ A new, empty store knows none of the running servers' leases, so without a copy 
 stopped first. The copy runs while the service is stopped: it claims both databases as the service does
 (:mod:`.ownership`), so a service still running on either one stops it with that service's own sentence. The
 target must hold none of gpupool's rows: nothing there is overwritten or merged. Rows go in one transaction,
-table by table in the order their keys need, and the counts are checked before it commits, so a copy
-that fails leaves the target as empty as it was.
+table by table in the order their keys need, and each table's count is checked against the source's before
+it commits, so a copy that fails leaves the target as empty as it was. The source keeps its rows; its
+schema is brought up to date first, as the service would on opening it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, Integer, Table, func, select, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from .health_store import HealthStore
@@ -70,18 +71,28 @@ def _check_urls(source: str, target: str) -> None:
                 f"{option}: expected a database URL such as sqlite:////var/lib/gpupool/gpupool.sqlite or "
                 f"postgresql+psycopg://gpupool@db.example.org/gpupool, got {url!r}"
             ) from None
-    if parsed["--from"] == parsed["--to"]:
+    if _same_place(parsed["--from"], parsed["--to"]):
         raise StoreCopyError("--to: names the same database as --from; copy into another, empty one")
     found = parsed["--from"]
     if found.get_backend_name() == "sqlite" and not Path(str(found.database or "")).is_file():
         raise StoreCopyError(f"--from: there is no SQLite database at {found.database!r}")
 
 
+def _same_place(source: URL, target: URL) -> bool:
+    """The same database, however spelled (a relative and an absolute path to one SQLite file, say)."""
+    if source.get_backend_name() == target.get_backend_name() == "sqlite":
+        return Path(str(source.database or "")).resolve() == Path(str(target.database or "")).resolve()
+    return source == target
+
+
 def _claim(option: str, url: str) -> Claim:
     try:
         return Claim(url)
     except StoreTaken as taken:
-        raise StoreCopyError(f"{option}: {taken}; stop the hub (and its service) before copying") from None
+        also = " (or --to names the same database as --from)" if option == "--to" else ""
+        raise StoreCopyError(
+            f"{option}: {taken}; stop the hub (and its service) before copying{also}"
+        ) from None
     except (SQLAlchemyError, OSError) as error:
         raise StoreCopyError(f"{option}: cannot open the database: {_first_line(error)}") from None
 
@@ -105,17 +116,26 @@ def _copy_rows(source: Engine, target: Engine, say: Callable[[str], None]) -> Co
                     "into an empty store, so nothing there is overwritten"
                 )
         for table in tables:
-            count = 0
-            result = reading.execution_options(stream_results=True).execute(select(table))
-            for batch in result.mappings().partitions(BATCH):
-                writing.execute(table.insert(), [dict(row) for row in batch])
-                count += len(batch)
-            if count != writing.scalar(select(func.count()).select_from(table)):
-                raise StoreCopyError(f"--to: {table.name} did not take every row; nothing was copied")
-            _advance_sequence(writing, table)
+            try:
+                count = _copy_table(reading, writing, table)
+            except SQLAlchemyError as error:  # a value the target refuses (a string longer than its column)
+                raise StoreCopyError(
+                    f"--to: {table.name}: {_first_line(error)}; nothing was copied"
+                ) from None
             say(f"{table.name}: {count:,}")
             copied.append((table.name, count))
     return Copied(tuple(copied))
+
+
+def _copy_table(reading: Connection, writing: Connection, table: Table) -> int:
+    expected = reading.scalar(select(func.count()).select_from(table)) or 0
+    result = reading.execution_options(stream_results=True).execute(select(table))
+    for batch in result.mappings().partitions(BATCH):
+        writing.execute(table.insert(), [dict(row) for row in batch])
+    if writing.scalar(select(func.count()).select_from(table)) != expected:
+        raise StoreCopyError(f"--to: {table.name} did not take every row of the source's; nothing was copied")
+    _advance_sequence(writing, table)
+    return expected
 
 
 def _advance_sequence(writing: Connection, table: Table) -> None:
