@@ -355,10 +355,21 @@ def test_following_a_queued_job_says_where_it_waits_then_streams_its_log(hub: Hu
         assert row[4].startswith("queued (#1 in the queue"), row
         connection = ["--url", f"{hub.url}/services/gpupool/", "--token", hub.tokens["me"]]
         command = [sys.executable, "-m", "gpupool.spawner.cli", "logs", job_id, "-f", *connection]
-        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as follower:
-            time.sleep(2)  # the follower is waiting on the queued job
+        said = hub.tmp / "follower.err"
+        with (
+            said.open("w") as err_file,
+            subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err_file) as follower,
+        ):
+            # the follower says the job waits before the slice is freed (a fixed sleep lost that race on CI's
+            # two busy cores: the follower's first look came after the job had started)
+            until(
+                lambda: f"job {job_id} is #1 in the queue" in said.read_text(),
+                "the follower's wait",
+                timeout=60,
+            )
             assert me.delete(f"/jobs/{blocker['id']}").json()["state"] == "cancelled"
-            out, err = follower.communicate(timeout=60)
+            out = follower.communicate(timeout=60)[0].decode()
+    err = said.read_text()
     assert f"job {job_id} is #1 in the queue" in err and "its log follows once it starts" in err, err
     assert out == "after the wait\n" and f"job {job_id} succeeded" in err, (out, err)
 
