@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import psycopg
 from hub_harness import free_port, service_command, wait_for
+from postgres_server import USER, PostgresServer
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
+from gpupool.spawner.service.store.ownership import ADVISORY_KEY
 
 
 def _environment(db_url: str, port: int) -> dict[str, str]:
     return os.environ | {
+        "GPUPOOL_STORE_CHECK_SECONDS": "0.5",
         "GPUPOOL_DB_URL": db_url,
         "GPUPOOL_POOL": str(DEMO_POOL),
         "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}",
@@ -70,3 +75,50 @@ def test_a_second_service_on_the_same_database_refuses_and_the_first_serves_on(
     # the first one was killed with -9: its claim went with it, and a new service starts on the database
     with running_service(db_url, tmp_path):
         pass
+
+
+def _second_service(db_url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        service_command(),
+        env=_environment(db_url, free_port()),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _end_the_lock_session(postgres: PostgresServer, url: str) -> None:
+    """End the session holding gpupool's advisory lock, as a PostgreSQL restart ends every session."""
+    with psycopg.connect(host="127.0.0.1", port=postgres.port, user=USER, dbname=url.rsplit("/", 1)[1]) as db:
+        holders = db.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND ((classid::bigint << 32) | objid::bigint) = %s",
+            (ADVISORY_KEY,),
+        ).fetchall()
+        assert holders, "no session holds gpupool's lock"
+        for (pid,) in holders:
+            db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+def test_the_owner_takes_its_lock_again_after_a_database_restart_and_stops_if_another_took_it(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """A lab's trial restarted PostgreSQL under a running hub: the service went on without its lock, and a
+    second service then started on the same database."""
+    url = postgres.new_database()
+    with running_service(url, tmp_path) as first:
+        _end_the_lock_session(postgres, url)
+        time.sleep(2)  # four looks at 0.5 s: the lock is taken again
+        second = _second_service(url, tmp_path)
+        assert second.returncode != 0 and "owns the lease database" in second.stderr, second.stderr
+        assert first.poll() is None
+        # and if another takes the lock first, the running one stops rather than share the database
+        _end_the_lock_session(postgres, url)
+        with psycopg.connect(
+            host="127.0.0.1", port=postgres.port, user=USER, dbname=url.rsplit("/", 1)[1]
+        ) as other:
+            assert other.execute("SELECT pg_try_advisory_lock(%s)", (ADVISORY_KEY,)).fetchone() == (True,)
+            first.wait(timeout=30)
+    log = next(tmp_path.glob("service-*.log")).read_text()
+    assert "took the database while this one's lock was gone" in log, log[-3000:]

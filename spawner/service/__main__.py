@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         service = assemble(settings)
     except (PoolFileError, ProfileError, QuotaFileError, NoRealGpus) as error:  # one clear line, no traceback
         raise SystemExit(f"gpupool service: {error}") from None
+    service.claim = claim
     config = uvicorn.Config(service.app, log_level="info", access_log=False)
     # uvicorn re-raises the SIGINT it caught once it has shut down; uvicorn.run swallows it too
     with contextlib.suppress(KeyboardInterrupt):

@@ -49,6 +49,7 @@ from .settings import ServiceSettings
 from .store.health_store import HealthStore
 from .store.job_store import JobStore
 from .store.lease_store import LeaseStore
+from .store.ownership import Claim, keep_claim
 from .store.usage_store import UsageStore
 from .telemetry.host_usage import HostUsage
 from .telemetry.telemetry_loop import Telemetry, make_sampler
@@ -70,6 +71,7 @@ class Service:
     app: FastAPI
     parts: ServiceParts
     cluster: ClusterFollower | None = None  # the Kubernetes backend's watches
+    claim: Claim | None = None  # this process's ownership of the store, kept while it serves
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
@@ -93,6 +95,8 @@ class Service:
                     fold_activity_forever(self.parts.tracker, self.parts.telemetry), "gpupool-activity"
                 )
             self._start(self.jobs.run_forever(), "gpupool-jobs")
+            if self.claim is not None and self.claim.locks_in_server and self.settings.store_check_seconds:
+                self._start(keep_claim(self.claim, self.settings.store_check_seconds), "gpupool-store-claim")
             if self.settings.quotas_file:
                 self._start(
                     QuotaReload(self.manager, self.settings.quotas_file).run_forever(), "gpupool-quotas"

@@ -77,6 +77,12 @@ class ServiceSettings(Application):
         "directory. One service owns a database: a second one pointed at it refuses to start.",
     ).tag(config=True, env="GPUPOOL_DB_URL")
 
+    store_check_seconds = Float(
+        10.0,
+        help="Seconds between looks at the PostgreSQL store's lock, which a database restart drops: the "
+        "service takes it again, or stops if another service took the database meanwhile. 0: never look.",
+    ).tag(config=True, env="GPUPOOL_STORE_CHECK_SECONDS")
+
     @property
     def store_url(self) -> str:
         """:attr:`db_url`, or the SQLite file it defaults to."""
@@ -239,7 +245,13 @@ class ServiceSettings(Application):
         """``preemptible_classes`` as a set."""
         return frozenset(name for name in self.preemptible_classes.split(",") if name)
 
-    @validate("reconcile_seconds", "job_grace_seconds", "preempt_after_seconds", "kube_job_refused_seconds")
+    @validate(
+        "reconcile_seconds",
+        "job_grace_seconds",
+        "preempt_after_seconds",
+        "kube_job_refused_seconds",
+        "store_check_seconds",
+    )
     def _non_negative(self, proposal: dict[str, Any]) -> float:
         value = float(proposal["value"])
         if not (math.isfinite(value) and value >= 0):

@@ -4,18 +4,29 @@ Two services on one database would each grant from their own copy of the pool an
 twice. The first service to start claims the database for as long as its process lives:
 
 - **PostgreSQL**: a session advisory lock (``pg_try_advisory_lock``) on a connection kept open for the
-  claim; the server drops it when that connection ends, a ``kill -9`` included.
+  claim; the server drops it when that connection ends, a ``kill -9`` included. The server also drops it when
+  *it* restarts, with the service still running: a lab's trial restarted PostgreSQL and a second service
+  then started on the same database. So the owner looks every few seconds (:func:`keep_claim`), takes the
+  lock again on a new connection when its session has gone, and stops if another service took it first.
 - **SQLite**: an exclusive ``flock`` on ``<database>.owner`` beside the file, which the kernel drops when
   the process ends. An in-memory database belongs to its process anyway.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import fcntl
+import logging
 import os
+import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import Connection, create_engine, make_url, text
+from sqlalchemy.exc import SQLAlchemyError
+
+log = logging.getLogger(__name__)
 
 # The advisory lock's key: any fixed 64-bit number other applications on the database are unlikely to use.
 ADVISORY_KEY = 0x67707570_6F6F6C  # "gpupool"
@@ -33,6 +44,7 @@ class Claim:
         self._connection: Connection | None = None
         self._lock_fd: int | None = None
         parsed = make_url(url)
+        self.locks_in_server = parsed.get_backend_name() != "sqlite"
         if parsed.get_backend_name() == "sqlite":
             if parsed.database not in (None, "", ":memory:"):
                 self._lock_file(f"{parsed.database}.owner")
@@ -70,12 +82,60 @@ class Claim:
             )
         self._connection = connection
 
-    def release(self) -> None:
+    def keep(self) -> str | None:
+        """Make sure the claim still holds; the sentence saying so when another service owns the database now.
+        A session that ended (the database server restarted) is replaced and the lock taken again; while the
+        server does not answer, nothing can be told, and the next look tries again."""
+        if not self.locks_in_server:
+            return None  # a flock lives as long as this process
+        try:
+            if self._connection is not None:
+                self._connection.execute(text("SELECT 1"))
+                self._connection.commit()
+                return None
+        except SQLAlchemyError:
+            self._drop_connection()
+            log.warning(
+                "the session holding the lease database's lock ended (a database restart?); taking it again"
+            )
+        try:
+            self._advisory_lock()
+        except StoreTaken as taken:
+            return str(taken)
+        except SQLAlchemyError as error:
+            log.warning(
+                "the lease database does not answer (%s); its lock is taken again once it does", error
+            )
+        return None
+
+    def _drop_connection(self) -> None:
         if self._connection is not None:
             engine = self._connection.engine
-            self._connection.close()
+            with contextlib.suppress(SQLAlchemyError):
+                self._connection.close()
             engine.dispose()
             self._connection = None
+
+    def release(self) -> None:
+        self._drop_connection()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def stop_this_process() -> None:
+    """SIGTERM to this process: uvicorn's graceful shutdown, as when JupyterHub stops the service."""
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+async def keep_claim(claim: Claim, every_s: float, on_lost: Callable[[], None] = stop_this_process) -> None:
+    """Look at the claim every ``every_s`` seconds (:meth:`Claim.keep`, in a thread: it talks to the
+    database); once another service owns the database, log why and call ``on_lost``: two services on one
+    database would hand the same GPU out twice, so this one stops."""
+    while True:
+        await asyncio.sleep(every_s)
+        lost = await asyncio.to_thread(claim.keep)
+        if lost is not None:
+            log.error("%s (it took the database while this one's lock was gone)", lost)
+            on_lost()
+            return
