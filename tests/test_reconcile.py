@@ -192,3 +192,28 @@ def test_without_list_groups_the_check_is_left_out_in_a_line(
     with caplog.at_level(logging.INFO):
         asyncio.run(check())
     assert "group names not checked: the service's token may not list the hub's groups" in caplog.text
+
+
+def test_an_empty_store_under_running_servers_asks_whether_it_was_changed_without_a_copy(
+    hub: Hub, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lab's trial pointed GPUPOOL_DB_URL at a new database and forgot `gpupool store copy`: the service
+    started on an empty store and said only that each server ran without a lease."""
+    with hub.admin() as admin:
+        _running_alice(hub, admin)
+    store = LeaseStore(sqlite_url(str(tmp_path / "new.sqlite")))
+    manager = LeaseManager(discover_pool(str(hub.tmp / "pool.yaml")).nodes, store)
+
+    async def two_passes() -> None:
+        client = HubClient(hub.hub_api, ADMIN_TOKEN)
+        try:
+            first = await reconcile_once(manager, client)
+            await reconcile_once(manager, client, previous=first)
+        finally:
+            await client.aclose()
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(two_passes())
+    store.close()
+    hint = "was GPUPOOL_DB_URL changed without `gpupool store copy`?"
+    assert caplog.text.count(hint) == 1, caplog.text  # said once, not at every pass

@@ -113,6 +113,17 @@ def test_a_copy_refuses_a_store_in_use_a_target_with_rows_and_a_bad_url_naming_t
         copy_store(source, "postgres at db01")
     with pytest.raises(StoreCopyError, match=r"^--to: names the same database as --from"):
         copy_store(source, source)
+    # a lab's trial: a driver gpupool does not ship printed a traceback; "postgres" and a slash short, riddles
+    with pytest.raises(
+        StoreCopyError, match=r"^--to: cannot open the database: .*psycopg2.*: gpupool's .* psycopg"
+    ):
+        copy_store(source, "postgresql+psycopg2://gpupool@127.0.0.1/gpupool")
+    with pytest.raises(StoreCopyError, match=r"the scheme is postgresql\+psycopg://, not postgres$"):
+        copy_store(source, "postgres+psycopg://gpupool@127.0.0.1/gpupool")
+    with pytest.raises(
+        StoreCopyError, match=r"^--to: there is no folder .* four slashes, sqlite:////var/lib/"
+    ):
+        copy_store(source, "sqlite:///no-such-folder/gpupool.sqlite")
     spelled_otherwise = sqlite_url(str(tmp_path / "." / "gpupool.sqlite"))
     with pytest.raises(StoreCopyError, match=r"^--to: names the same database as --from"):
         copy_store(source, spelled_otherwise)
@@ -142,4 +153,7 @@ def test_a_row_the_target_refuses_stops_the_copy_naming_the_table_and_leaves_the
 def test_the_cli_says_a_refusal_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["store", "copy", "--from", "sqlite:///nowhere.sqlite", "--to", "sqlite:///b.sqlite"]) == 2
     err = capsys.readouterr().err
-    assert err == "gpupool: --from: there is no SQLite database at 'nowhere.sqlite'\n", err
+    assert err == (
+        "gpupool: --from: there is no SQLite database at 'nowhere.sqlite' (a relative path: an absolute one takes "
+        "four slashes, sqlite:////var/lib/…)\n"
+    ), err

@@ -80,6 +80,7 @@ def uninstall(layout: Layout, *, purge: bool, say: Callable[[str], None] = print
     lock_file(layout.env).unlink(missing_ok=True)
     if layout.prefix.is_dir() and not any(layout.prefix.iterdir()):
         layout.prefix.rmdir()
+    store = _database_store(layout.environment_file)  # read before --purge removes its only record
     if purge:
         shutil.rmtree(layout.config, ignore_errors=True)
         shutil.rmtree(layout.state, ignore_errors=True)
@@ -87,6 +88,31 @@ def uninstall(layout: Layout, *, purge: bool, say: Callable[[str], None] = print
     else:
         say(f"gpupool: removed; kept {layout.config} and {layout.state} (--purge removes them)")
     say(f"The {USERS_GROUP} group is kept: its members may belong to it for other reasons.")
+    if store:
+        say(f"The lease store {store} is kept, with its role: drop them in PostgreSQL once no longer wanted.")
+
+
+def _database_store(environment: Path) -> str | None:
+    """The ``GPUPOOL_DB_URL`` of the environment file when it names a database server's store (password
+    hidden), read as the launcher reads it (``export``, blanks and a pair of quotes dropped)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        lines = environment.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, value = line.strip().removeprefix("export ").partition("=")
+        if key.strip() == "GPUPOOL_DB_URL" and (value := value.strip()):
+            if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            try:
+                url = make_url(value)
+            except ArgumentError:
+                return None
+            return None if url.get_backend_name() == "sqlite" else url.render_as_string(hide_password=True)
+    return None
 
 
 def _require_root(what: str) -> None:

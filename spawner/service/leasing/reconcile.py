@@ -195,6 +195,13 @@ async def reconcile_once(
         for server in servers
         if server.ready and not server.pending and server.profile and server.key not in leased
     )
+    if unleased and not previous.unleased and not await asyncio.to_thread(manager.all_leases):
+        log.warning(
+            "the lease store has never held a lease, yet %d server(s) run gpupool profiles: was GPUPOOL_DB_URL "
+            "changed without `gpupool store copy`? Stop the hub and copy the old store into this one before it "
+            "records anything (README, the lease store on PostgreSQL)",
+            len(unleased),
+        )
     stopped = await _report_unleased(hub, unleased, previous, stop_unleased)
     return ReconcileReport(tuple(released), frozenset(suspects), unleased, tuple(stopped), tuple(servers))
 

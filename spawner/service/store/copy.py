@@ -73,9 +73,19 @@ def _check_urls(source: str, target: str) -> None:
             ) from None
     if _same_place(parsed["--from"], parsed["--to"]):
         raise StoreCopyError("--to: names the same database as --from; copy into another, empty one")
-    found = parsed["--from"]
+    found, new = parsed["--from"], parsed["--to"]
     if found.get_backend_name() == "sqlite" and not Path(str(found.database or "")).is_file():
-        raise StoreCopyError(f"--from: there is no SQLite database at {found.database!r}")
+        raise StoreCopyError(f"--from: there is no SQLite database at {found.database!r}{_slashes(found)}")
+    if new.get_backend_name() == "sqlite" and not Path(str(new.database or "")).resolve().parent.is_dir():
+        raise StoreCopyError(
+            f"--to: there is no folder for the SQLite database {new.database!r}{_slashes(new)}"
+        )
+
+
+def _slashes(url: URL) -> str:
+    """A relative SQLite path is mostly a slash short of the absolute one meant."""
+    relative = not str(url.database or "").startswith("/")
+    return " (a relative path: an absolute one takes four slashes, sqlite:////var/lib/…)" if relative else ""
 
 
 def _same_place(source: URL, target: URL) -> bool:
@@ -91,17 +101,27 @@ def _claim(option: str, url: str) -> Claim:
     except StoreTaken as taken:
         also = " (or --to names the same database as --from)" if option == "--to" else ""
         raise StoreCopyError(
-            f"{option}: {taken}; stop the hub (and its service) before copying{also}"
+            f"{option}: {taken.who}; stop the hub (and its service) before copying{also}"
         ) from None
-    except (SQLAlchemyError, OSError) as error:
-        raise StoreCopyError(f"{option}: cannot open the database: {_first_line(error)}") from None
+    except (SQLAlchemyError, OSError, ImportError) as error:
+        raise StoreCopyError(f"{option}: cannot open the database: {_why_not(error)}") from None
 
 
 def _open(option: str, url: str) -> LeaseStore:
     try:
         return LeaseStore(url)  # creates any table an older database lacks, as the service would
-    except (SQLAlchemyError, OSError) as error:
-        raise StoreCopyError(f"{option}: cannot open the database: {_first_line(error)}") from None
+    except (SQLAlchemyError, OSError, ImportError) as error:
+        raise StoreCopyError(f"{option}: cannot open the database: {_why_not(error)}") from None
+
+
+def _why_not(error: BaseException) -> str:
+    """The error's first line, with what to write instead where the URL names a driver or a dialect wrongly."""
+    said = _first_line(error)
+    if isinstance(error, ImportError):
+        return f"{said}: gpupool's PostgreSQL driver is psycopg (postgresql+psycopg://…)"
+    if "sqlalchemy.dialects:postgres." in said:
+        return f"{said}: the scheme is postgresql+psycopg://, not postgres"
+    return said
 
 
 def _copy_rows(source: Engine, target: Engine, say: Callable[[str], None]) -> Copied:

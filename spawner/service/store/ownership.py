@@ -33,7 +33,14 @@ ADVISORY_KEY = 0x67707570_6F6F6C  # "gpupool"
 
 
 class StoreTaken(RuntimeError):
-    """Another live service owns the database; the message says which database and what to do."""
+    """Another live service owns the database: ``who`` says which service and database; the message adds
+    why this service stops."""
+
+    def __init__(self, who: str) -> None:
+        super().__init__(
+            f"{who}; two services on one database would hand the same GPU out twice, so this one stops"
+        )
+        self.who = who
 
 
 class Claim:
@@ -59,8 +66,7 @@ class Claim:
             holder = Path(path).read_text().strip() or "unknown"
             os.close(fd)
             raise StoreTaken(
-                f"another gpupool service (pid {holder}) owns the lease database {path.removesuffix('.owner')}; "
-                "two services on one database would hand the same GPU out twice, so this one stops"
+                f"another gpupool service (pid {holder}) owns the lease database {path.removesuffix('.owner')}"
             ) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
@@ -76,9 +82,7 @@ class Claim:
             engine.dispose()
             where = make_url(self.url).render_as_string(hide_password=True)
             raise StoreTaken(
-                f"another gpupool service owns the lease database {where} (it holds advisory lock "
-                f"{ADVISORY_KEY}); two services on one database would hand the same GPU out twice, so this "
-                "one stops"
+                f"another gpupool service owns the lease database {where} (it holds advisory lock {ADVISORY_KEY})"
             )
         self._connection = connection
 
