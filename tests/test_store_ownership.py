@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -88,17 +88,26 @@ def _second_service(db_url: str, tmp_path: Path) -> subprocess.CompletedProcess[
     )
 
 
-def _end_the_lock_session(postgres: PostgresServer, url: str) -> None:
-    """End the session holding gpupool's advisory lock, as a PostgreSQL restart ends every session."""
+def _lock_holders(postgres: PostgresServer, url: str, *, granted: bool = True) -> list[int]:
+    """The sessions (backend pids) holding gpupool's advisory lock (``granted``), or waiting for it."""
     with psycopg.connect(host="127.0.0.1", port=postgres.port, user=USER, dbname=url.rsplit("/", 1)[1]) as db:
-        holders = db.execute(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+        rows = db.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted = %s "
             "AND ((classid::bigint << 32) | objid::bigint) = %s",
-            (ADVISORY_KEY,),
+            (granted, ADVISORY_KEY),
         ).fetchall()
-        assert holders, "no session holds gpupool's lock"
-        for (pid,) in holders:
+    return [int(pid) for (pid,) in rows]
+
+
+def _end_the_lock_session(postgres: PostgresServer, url: str) -> set[int]:
+    """End the session holding gpupool's advisory lock, as a PostgreSQL restart ends every session; the
+    sessions ended."""
+    holders = set(_lock_holders(postgres, url))
+    assert holders, "no session holds gpupool's lock"
+    with psycopg.connect(host="127.0.0.1", port=postgres.port, user=USER, dbname="postgres") as db:
+        for pid in holders:
             db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    return holders
 
 
 def test_the_owner_takes_its_lock_again_after_a_database_restart_and_stops_if_another_took_it(
@@ -108,17 +117,24 @@ def test_the_owner_takes_its_lock_again_after_a_database_restart_and_stops_if_an
     second service then started on the same database."""
     url = postgres.new_database()
     with running_service(url, tmp_path) as first:
-        _end_the_lock_session(postgres, url)
-        time.sleep(2)  # four looks at 0.5 s: the lock is taken again
+        ended = _end_the_lock_session(postgres, url)
+        taken_again = lambda: bool(set(_lock_holders(postgres, url)) - ended)  # noqa: E731
+        wait_for(taken_again, "the lock taken again", Path("/dev/null"), 30)
         second = _second_service(url, tmp_path)
         assert second.returncode != 0 and "owns the lease database" in second.stderr, second.stderr
         assert first.poll() is None
-        # and if another takes the lock first, the running one stops rather than share the database
-        _end_the_lock_session(postgres, url)
-        with psycopg.connect(
-            host="127.0.0.1", port=postgres.port, user=USER, dbname=url.rsplit("/", 1)[1]
-        ) as other:
-            assert other.execute("SELECT pg_try_advisory_lock(%s)", (ADVISORY_KEY,)).fetchone() == (True,)
+        # another service waits for the lock, and gets it the moment the owner's session ends: the owner, finding
+        # it taken, stops rather than share the database
+        dbname = url.rsplit("/", 1)[1]
+        with psycopg.connect(host="127.0.0.1", port=postgres.port, user=USER, dbname=dbname) as other:
+            waiting = threading.Thread(
+                target=other.execute, args=("SELECT pg_advisory_lock(%s)", (ADVISORY_KEY,))
+            )
+            waiting.start()
+            queued = lambda: bool(_lock_holders(postgres, url, granted=False))  # noqa: E731
+            wait_for(queued, "the other service's request in the lock's queue", Path("/dev/null"), 30)
+            _end_the_lock_session(postgres, url)
+            waiting.join(timeout=30)
             first.wait(timeout=30)
     log = next(tmp_path.glob("service-*.log")).read_text()
     assert "took the database while this one's lock was gone" in log, log[-3000:]
