@@ -26,6 +26,7 @@ from jupyterhub.objects import Hub, Server
 from kube_cluster import A100, H100, LocalKube, eventually, point_kubespawner_at, service_account_kubeconfig
 from token_hub import token_hub
 
+from gpupool.spawner.hub.compat import SpawnException
 from gpupool.spawner.hub.kube_spawner import KubeGPUSpawner
 from gpupool.spawner.kube.manifests import label_value
 
@@ -208,6 +209,35 @@ def test_a_start_that_finds_a_leftover_pod_of_its_name_keeps_the_lease_it_was_gr
         assert (await _lease(hub.url, dave.lease_id))["state"] == "released"
 
     asyncio.run(scenario())
+
+
+def test_a_server_pod_a_resource_quota_refuses_is_said_in_the_clusters_words_and_its_lease_goes_back(
+    hub: Hub_, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Kubernetes admin's trial: with the namespace's ResourceQuota used up, a researcher's start was a bare
+    "HTTP 500: Internal Server Error", and the progress stream carried the API client's headers."""
+    point_kubespawner_at(monkeypatch, hub.kubeconfig)
+    monkeypatch.setattr(KubeGPUSpawner, "reflectors", {})
+    monkeypatch.setattr(kubespawner.clients, "_client_cache", {})
+    quotas = f"/api/v1/namespaces/{hub.namespace}/resourcequotas"
+    hub.kube.request("POST", quotas, {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}})
+
+    async def scenario() -> None:
+        erin = _spawner(_User("erin", 5), hub, "mig-1g")
+        with pytest.raises(SpawnException) as refused:
+            await erin.start()
+        said = refused.value.jupyterhub_message
+        assert said.startswith("Kubernetes refused to create your server's pod: 403 Forbidden: pods "), said
+        assert "exceeded quota: no-pods" in said and "HTTP response headers" not in said, said
+        assert refused.value.status_code == 503
+        assert (await _lease(hub.url, erin.lease_id or ""))["state"] == "released"
+
+    try:
+        # until the quota controller has counted the namespace, admission refuses with another reason
+        eventually(lambda: (hub.kube.get(f"{quotas}/no-pods") or {}).get("status", {}).get("hard"), "counted")
+        asyncio.run(scenario())
+    finally:
+        hub.kube.request("DELETE", f"{quotas}/no-pods")
 
 
 def _spawner(user: _User, hub: Hub_, profile: str) -> KubeGPUSpawner:

@@ -307,6 +307,9 @@ def test_the_quota_says_what_carol_may_hold_and_what_she_holds(hub: Hub) -> None
         assert [(q["resource"], q["limit"], q["held"]) for q in mine["limits"]] == [("mig_slices", 1, 1)]
         assert bob.get("/quota", params={"user": "carol"}).status_code == 403
         assert spawner.get("/quota", params={"user": "carol"}).json()["summary"] == mine["summary"]
+        with hub.admin() as admin:  # a hostile user's trial: the admin read carol's as "Your quota"
+            theirs = admin.get(f"{hub.service_api}/quota", params={"user": "carol"}).json()["summary"]
+        assert theirs == "carol's quota: 1 MIG slice, 1 held or queued", theirs
         assert bob.get("/quota").json()["summary"] == "Your quota: no limits"
         _release(hub, lease)
         assert carol.get("/quota").json()["summary"] == "Your quota: 1 MIG slice, 0 held or queued"

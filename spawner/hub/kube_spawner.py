@@ -21,9 +21,11 @@ import copy
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
+from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner import KubeSpawner
 from traitlets import default, validate
 
+from ..kube.api_errors import in_words
 from ..kube.events import plain_event
 from ..kube.grant import KubeGrant
 from ..kube.manifests import ManifestError
@@ -77,6 +79,20 @@ class KubeGPUSpawner(GpuLeasing, KubeSpawner):  # type: ignore[misc]  # KubeSpaw
     @default("apply_user_options")
     def _default_apply_user_options(self) -> Any:
         return check_user_options
+
+    async def start(self) -> Any:
+        """Start as :class:`GpuLeasing` does (the lease is given back on any failure); a pod the cluster refuses
+        to create (a ResourceQuota, a LimitRange, an admission webhook) is said in the cluster's words, where
+        the client's exception reached the user as a bare 500 and its headers in the progress stream."""
+        try:
+            return await super().start()
+        except ApiException as error:
+            raise SpawnException(
+                f"Kubernetes refused to create your server's pod: {in_words(error)}. Ask the cluster's admin, "
+                "or try again once other pods in the namespace have ended",
+                reason="kubernetes_refused",
+                status_code=503 if error.status == 403 else 500,
+            ) from None
 
     async def gpupool_profile_list(self) -> list[dict[str, object]]:
         """The profiles this user may start, with what could start now; without the service, still listed."""

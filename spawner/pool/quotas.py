@@ -252,7 +252,7 @@ def standing(limits: Iterable[Limit], totals: Mapping[str, int]) -> list[tuple[L
     return rows
 
 
-def standing_in_words(limits: Iterable[Limit], totals: Mapping[str, int]) -> str:
+def standing_in_words(limits: Iterable[Limit], totals: Mapping[str, int], whose: str = "Your quota") -> str:
     """``Your quota: 4 whole GPUs, 1 held or queued · no GPU shares (group students) · 56 CPUs, 16 held or
     queued``: per resource the limit that binds (the tightest; a group's is named), with what the user holds
     against it, servers and jobs, queued ones too."""
@@ -272,4 +272,4 @@ def standing_in_words(limits: Iterable[Limit], totals: Mapping[str, int]) -> str
             rows.append(f"{resource.words(limit.value)}{by}, {held:g} held or queued")
         else:
             rows.append(f"no {resource.many}{by}")
-    return "Your quota: " + (" · ".join(rows) if rows else "no limits")
+    return f"{whose}: " + (" · ".join(rows) if rows else "no limits")

@@ -84,11 +84,11 @@ def _quota_says(
     they hold nothing (``quota_forbids``: a limit of 0, or below what the profile asks), which no stopped
     server or cancelled job mends."""
     quotas = manager.quotas
-    forbids = quotas.check(user, groups, request, []) if quotas is not None else None
-    if forbids is not None:
-        return None, str(forbids)
-    over = manager.quota_refusal(user, groups, request)
-    return (str(over) if over is not None else None), None
+    over = manager.quota_refusal(user, groups, request)  # said with what they hold now
+    if over is None or quotas is None:
+        return None, None
+    forbids = quotas.check(user, groups, request, []) is not None
+    return (None, str(over)) if forbids else (str(over), None)
 
 
 @router.get("/quota", summary="A user's quota and what they hold against it (the caller's own by default)")
@@ -114,7 +114,9 @@ async def get_quota(
         )
         for limit, words in standing(limits, totals)
     ]
-    return QuotaOut(user=name, limits=rows, summary=standing_in_words(limits, totals))
+    # the hub's spawners show it to the user on their form; an admin reads someone else's
+    whose = "Your quota" if name == caller.name or caller.acts_for_others else f"{name}'s quota"
+    return QuotaOut(user=name, limits=rows, summary=standing_in_words(limits, totals, whose))
 
 
 def _quota_subject(caller: Caller, user: str | None, groups: list[str] | None) -> tuple[str, frozenset[str]]:
