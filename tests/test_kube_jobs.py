@@ -301,7 +301,7 @@ def test_cancelling_a_running_job_deletes_its_kubernetes_job_and_stops_its_comma
         command = [
             "sh",
             "-c",
-            f"trap 'rm -f {alive}; exit 143' TERM; touch {alive}; while true; do sleep 0.1; done",
+            f"trap 'rm -f {alive}; exit 143' TERM; echo started; touch {alive}; while true; do sleep 0.1; done",
         ]
         job, _ = jobs.submit("alice", [], Submission(profile="a100", command=command))
         await eventually(alive.exists, "the command started")
@@ -313,6 +313,10 @@ def test_cancelling_a_running_job_deletes_its_kubernetes_job_and_stops_its_comma
         assert not alive.exists()  # the command had its SIGTERM
         assert jobs.get(job.id).reason == "cancelled by user alice"
         assert jobs.leases.pool.allocations == {}
+        # a Kubernetes trial: the cancelled run's log went with its pod, and `gpupool logs` printed nothing
+        cancelled = jobs.get(job.id)
+        await eventually(lambda: jobs.read_log(cancelled) == b"started\n", "the log kept past the pod")
+        assert job_out(jobs, cancelled).log_path is None  # no output.log in its folder on a cluster
 
     service.run(scenario)
 

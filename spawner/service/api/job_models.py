@@ -111,7 +111,10 @@ class JobOut(BaseModel):
         "null once it runs",
     )
     checkpoint_dir: str
-    log_path: str
+    log_path: str | None = Field(
+        description="the file the run's output is also kept in, in the job's folder; null where the log is "
+        "only the pod's (Kubernetes): GET jobs/{id}/logs reads it"
+    )
     exit_code: int | None
     stopping: str | None = Field(
         description="while a stop is under way: what the job becomes once it is done"
@@ -129,6 +132,7 @@ class JobOut(BaseModel):
         position: int | None,
         expected_start: float | None = None,
         held_up: str | None = None,
+        log_file: bool = True,
     ) -> JobOut:
         held = lease is not None and lease.state.value == "granted" and job.state.value == "running"
         return cls(
@@ -154,7 +158,7 @@ class JobOut(BaseModel):
             expected_start=expected_start,
             held_up=held_up,
             checkpoint_dir=checkpoint_dir(job.job_dir),
-            log_path=f"{job.job_dir}/output.log",
+            log_path=f"{job.job_dir}/output.log" if log_file else None,
             exit_code=job.exit_code,
             stopping=job.stop.then.value if job.stop is not None else None,
             submitted_at=job.submitted_at,

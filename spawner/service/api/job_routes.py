@@ -50,7 +50,7 @@ def job_out(jobs: JobManager, job: Job) -> JobOut:
         held_up = jobs.runner.holdup(job)
     elif job.state.waiting:  # e.g. the cluster's API server silent: no place in the queue moves
         held_up = jobs.leases.placements_held
-    return JobOut.from_job(job, jobs.lease_of(job), position, start, held_up)
+    return JobOut.from_job(job, jobs.lease_of(job), position, start, held_up, jobs.runner.log_file)
 
 
 def _visible(jobs: JobManager, caller: Caller, job_id: str) -> str:

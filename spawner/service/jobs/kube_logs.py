@@ -62,6 +62,11 @@ class JobLogs:
         self._held.move_to_end(job_id)
         return held[1][offset : offset + limit]
 
+    async def keep(self, job_id: str, name: str, pods: Callable[[], list[Obj]]) -> None:
+        """Read the log now, before its pod goes: what a stopped run printed stays readable from here (as long
+        as the service runs, and among the last :data:`ENTRIES` jobs read)."""
+        await self._refresh(job_id, name, pods)
+
     async def _refresh(self, job_id: str, name: str, pods: Callable[[], list[Obj]]) -> None:
         try:
             newest = sorted(pods(), key=lambda p: str(p["metadata"].get("creationTimestamp")))

@@ -33,7 +33,7 @@ import functools
 import json
 import logging
 import posixpath
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -52,6 +52,7 @@ from ...pool.job_states import Job
 from ...pool.leases import Lease
 from .kube_logs import JobLogs
 from .kube_outcome import job_outcome
+from .loop_tasks import LoopTasks
 from .processes import Identity
 from .runner import Launched, LaunchError, NoHome, Outcome
 
@@ -68,6 +69,7 @@ class KubeJobRunner:
     kind = "kubernetes"
     enforces_deadline = True
     host_paths = False
+    log_file = False  # the pod's log, kept by the service when it stops the run (the pod goes with the Job)
     log_lag_s = 3.0  # a read through the API server, started by the first read_log
 
     def __init__(
@@ -94,7 +96,7 @@ class KubeJobRunner:
         self.log_limit = log_limit
         self.refused_patience_s = refused_patience_s
         self._nodes = {node.name: node for node in nodes}
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._writes = LoopTasks()  # creates, deletes and log reads, on the service's event loop
         self._batch: client.BatchV1Api | None = None
         self._core: client.CoreV1Api | None = None
         self.jobs: Mirror | None = None
@@ -103,7 +105,6 @@ class KubeJobRunner:
         self.events: Mirror | None = None  # the Job controller's FailedCreate events
         self.refusals = CreateRefusals()
         self.logs: JobLogs | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         self._creating: set[str] = set()  # Jobs whose create is in flight
         self._stopping: set[str] = set()  # stopped while their create was in flight: delete once created
         self._create_failed: dict[str, str] = {}  # Job name -> why the API refused it
@@ -117,7 +118,8 @@ class KubeJobRunner:
 
     async def start(self, api: client.ApiClient) -> None:
         """List gpupool's Jobs and pods (so runs found after a restart are judged on a full view), then watch."""
-        self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        self._writes.bind(loop)
         self._batch = client.BatchV1Api(api)
         self._core = client.CoreV1Api(api)
         namespace = self.settings.namespace
@@ -138,19 +140,16 @@ class KubeJobRunner:
             on_change=self._heard_events, retry_s=self.retry_s,
         )  # fmt: skip
         self.logs = JobLogs(
-            self._core, namespace, spawn=self._spawn, now=self._loop.time, refresh_s=self.log_refresh_s,
+            self._core, namespace, spawn=self._writes.spawn, now=loop.time, refresh_s=self.log_refresh_s,
             limit=self.log_limit,
         )  # fmt: skip
         await asyncio.gather(self.jobs.start(), self.pods.start(), self.claims.start(), self.events.start())
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._writes.close()
         for mirror in (self.jobs, self.pods, self.claims, self.events):
             if mirror is not None:
                 await mirror.stop()
-        self._loop = None
 
     # ---- the runner interface ----------------------------------------------------------------------------
 
@@ -192,7 +191,7 @@ class KubeJobRunner:
         return manifest
 
     def launch(self, job: Job, lease: Lease, identity: Identity) -> Launched:
-        if self._loop is None or self._batch is None:
+        if self._writes.loop is None or self._batch is None:
             raise LaunchError("the Kubernetes job runner is not running (it starts with the service)")
         try:
             manifest = self.manifest(job, lease)
@@ -200,7 +199,7 @@ class KubeJobRunner:
             raise LaunchError(f"its Kubernetes Job is invalid: {error}") from None
         name = manifest["metadata"]["name"]
         self._creating.add(name)
-        self._spawn(lambda: self._create(name, manifest))
+        self._writes.spawn(lambda: self._create(name, manifest))
         return Launched()
 
     def find(self, job: Job) -> Job | None:
@@ -219,11 +218,17 @@ class KubeJobRunner:
         if name in self._creating:
             self._stopping.add(name)
             return
-        if force:
-            for pod in self._pods_of(name):
-                self._spawn(functools.partial(self._delete_pod, _name(pod)))
-        else:
-            self._spawn(lambda: self._delete_job(name))
+        self._writes.spawn(functools.partial(self._stop, job.id, name, force))
+
+    async def _stop(self, job_id: str, name: str, force: bool) -> None:
+        """Keep the log as it stands (a cancelled run's output went with its pod), then delete the Job, or
+        with ``force`` its pods at once."""
+        if self.logs is not None:
+            await self.logs.keep(job_id, name, lambda: self._pods_of(name))
+        for pod in self._pods_of(name) if force else ():
+            await self._delete_pod(_name(pod))
+        if not force:
+            await self._delete_job(name)
 
     def outcome(self, job: Job) -> Outcome:
         name = job_name(job.id, job.attempts)
@@ -246,7 +251,7 @@ class KubeJobRunner:
         self.refusals.forget(name)
         found = self.jobs.objects.get(name) if self.jobs is not None else None
         if found is not None and finished_condition(found) is None:
-            self._spawn(lambda: self._delete_job(name))  # a lost run's Job would start another pod
+            self._writes.spawn(lambda: self._delete_job(name))  # a lost run's Job would start another pod
 
     def read_log(self, job: Job, offset: int, limit: int) -> bytes:
         if self.logs is None:
@@ -304,26 +309,6 @@ class KubeJobRunner:
                 self._disrupted[job] = pod
 
     # ---- writes, on the event loop -----------------------------------------------------------------------------
-
-    def _spawn(self, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        loop = self._loop
-        if loop is None:
-            log.warning("the Kubernetes job runner is not running; a write was dropped")
-            return
-
-        def go() -> None:
-            task = loop.create_task(make())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-        try:
-            on_loop = asyncio.get_running_loop() is loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop:
-            go()
-        else:
-            loop.call_soon_threadsafe(go)
 
     async def _create(self, name: str, manifest: JsonDict) -> None:
         """Create the Job. While the API server does not answer (a restart, an upgrade), try again ever less

@@ -96,6 +96,9 @@ class JobRunner(Protocol):
     log_lag_s: float
     """How long a job's log may take to arrive after a first read: 0 when :meth:`read_log` reads it at once;
     else it is fetched in the background and an empty answer may only mean "not yet"."""
+    log_file: bool
+    """True when a run's output is kept in ``output.log`` in the job's folder, for the user to open; False
+    when the log is only what :meth:`read_log` reads (a pod's)."""
 
     def identity(self, user: str) -> processes.Identity:
         """Who ``user``'s jobs run as; :class:`AccountError` (:class:`~.processes.NoSystemAccount`,
@@ -145,6 +148,7 @@ class LocalRunner:
     enforces_deadline = False
     host_paths = True
     log_lag_s = 0.0
+    log_file = True
 
     def __init__(
         self, home_root: str | None = None, account: str | None = None, account_per_user: bool = False
