@@ -55,29 +55,8 @@ def running_service(db_url: str, tmp_path: Path) -> Iterator[subprocess.Popen[by
         service.wait()
 
 
-def test_a_second_service_on_the_same_database_refuses_and_the_first_serves_on(
-    db_url: str, tmp_path: Path
-) -> None:
-    with running_service(db_url, tmp_path):
-        second = subprocess.run(
-            service_command(),
-            env=_environment(db_url, free_port()),
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert second.returncode != 0
-        assert "another gpupool service" in second.stderr and "owns the lease database" in second.stderr, (
-            second.stderr
-        )
-        assert "Traceback" not in second.stderr
-    # the first one was killed with -9: its claim went with it, and a new service starts on the database
-    with running_service(db_url, tmp_path):
-        pass
-
-
 def _second_service(db_url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Another service started on ``db_url``, run to its end (a refusal, within a minute)."""
     return subprocess.run(
         service_command(),
         env=_environment(db_url, free_port()),
@@ -86,6 +65,21 @@ def _second_service(db_url: str, tmp_path: Path) -> subprocess.CompletedProcess[
         text=True,
         timeout=60,
     )
+
+
+def test_a_second_service_on_the_same_database_refuses_and_the_first_serves_on(
+    db_url: str, tmp_path: Path
+) -> None:
+    with running_service(db_url, tmp_path):
+        second = _second_service(db_url, tmp_path)
+        assert second.returncode != 0
+        assert "another gpupool service" in second.stderr and "owns the lease database" in second.stderr, (
+            second.stderr
+        )
+        assert "Traceback" not in second.stderr
+    # the first one was killed with -9: its claim went with it, and a new service starts on the database
+    with running_service(db_url, tmp_path):
+        pass
 
 
 def _lock_holders(postgres: PostgresServer, url: str, *, granted: bool = True) -> list[int]:
