@@ -81,11 +81,20 @@ def test_a_new_user_reaches_jupyterlab_in_a_pod_on_the_leased_node_with_the_leas
         )
         assert job.status_code == 201, job.text
         jobs_api = f"{up.url}/services/gpupool/api/v1/jobs/{job.json()['id']}"
-        eventually(
-            lambda: httpx.get(jobs_api, headers=headers, timeout=10).json()["state"] == "succeeded",
-            f"the job to succeed:\n{up.log_tail()}",
-            timeout_s=120,
-        )
+        try:
+            eventually(
+                lambda: httpx.get(jobs_api, headers=headers, timeout=10).json()["state"] == "succeeded",
+                "the job to succeed",
+                timeout_s=120,
+            )
+        except AssertionError as late:  # what the job and the cluster said then, not at the job's start
+            model = httpx.get(jobs_api, headers=headers, timeout=10).json()
+            pods = kube.items(
+                "/api/v1/namespaces/default/pods", labelSelector="app.kubernetes.io/component=training-job"
+            )
+            raise AssertionError(
+                f"{late}\n{model}\n{[p.get('status') for p in pods]}\n{up.log_tail()}"
+            ) from None
         assert httpx.get(f"{jobs_api}/logs", headers=headers, timeout=10).text.strip() == "trained"
 
         stopped = browser.delete("/hub/api/users/demo/server", headers=headers)

@@ -160,20 +160,20 @@ def test_an_edited_quotas_file_is_in_force_within_seconds_and_a_broken_edit_chan
         assert answer.status_code == 200, answer.text
         return str(answer.json()["summary"])
 
-    assert erins_quota() == "Your quota: 1 MIG slice, 0 held or queued"
+    assert erins_quota() == "erin's quota: 1 MIG slice, 0 held or queued"
     try:
         quotas.write_text(QUOTAS.replace("erin: {mig_slices: 1}", "erin: {mig_slices: 3}"))
         _wait_for(
-            lambda: erins_quota() == "Your quota: 3 MIG slices, 0 held or queued", "the new limit", hub.log
+            lambda: erins_quota() == "erin's quota: 3 MIG slices, 0 held or queued", "the new limit", hub.log
         )
         quotas.write_text(QUOTAS.replace("erin: {mig_slices: 1}", "erin: {mig_slice: 1}"))
         said = "users.erin: unknown field 'mig_slice' (did you mean 'mig_slices'?)"
         _wait_for(lambda: said in hub.log.read_text(errors="replace"), "the broken edit logged", hub.log)
-        assert erins_quota() == "Your quota: 3 MIG slices, 0 held or queued"  # the limits before it stay
+        assert erins_quota() == "erin's quota: 3 MIG slices, 0 held or queued"  # the limits before it stay
     finally:
         quotas.write_text(QUOTAS)
     _wait_for(
-        lambda: erins_quota() == "Your quota: 1 MIG slice, 0 held or queued", "the file as it was", hub.log
+        lambda: erins_quota() == "erin's quota: 1 MIG slice, 0 held or queued", "the file as it was", hub.log
     )
 
 
