@@ -183,9 +183,13 @@ def test_a_pod_whose_secret_is_missing_waits_for_it_and_then_runs(kube: LocalKub
     path = f"/api/v1/namespaces/{namespace}/pods/reads-a-secret"
 
     def waiting() -> dict[str, Any] | None:
+        """The pod's status once its container waits for the missing Secret. Before that it may wait with
+        the Node authorizer's 403: under load its graph learns of a new pod after the kubelet asks (CI's
+        run failed the container on it)."""
         status = (kube.get(path) or {}).get("status", {})
         states = [c["state"] for c in status.get("containerStatuses", [])]
-        return status if states and "waiting" in states[0] else None
+        said = states[0].get("waiting", {}).get("message") if states else None
+        return status if said == 'secret "db" not found' else None
 
     status = eventually(waiting, "the container waiting for its Secret")
     assert status["phase"] == "Pending"

@@ -97,6 +97,10 @@ async def _read_data(
         return {}
     if answer.status_code == 404:
         raise MissingReference(f'{kind[:-1]} "{name}" not found')
+    if (
+        answer.status_code == 403
+    ):  # the Node authorizer's graph has not seen the pod yet: wait, as a kubelet does
+        raise MissingReference(str(answer.json().get("message") or f'{kind[:-1]} "{name}" is forbidden'))
     answer.raise_for_status()
     body = answer.json()
     if kind == "secrets":
