@@ -17,10 +17,13 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from kube_cluster import H100, LocalKube, Relay, eventually
+from kube_cluster import H100, LocalKube, Relay, eventually, home_claim
 
+from gpupool.spawner.kube.local.container_env import MissingReference, container_environment
 from gpupool.spawner.kube.local.control_plane import write_kubeconfig
+from gpupool.spawner.kube.local.mounts import VolumeNotReady, volume_folders
 from gpupool.spawner.kube.local.pki import client_tls
+from gpupool.spawner.kube.local.pod_processes import RunningPod
 from gpupool.spawner.kube.node_watch import KubeInventory, connect
 from gpupool.spawner.service.kube_pool import load_kube_pool
 
@@ -203,3 +206,32 @@ def test_a_pod_whose_secret_is_missing_waits_for_it_and_then_runs(kube: LocalKub
     kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret)
     eventually(lambda: (kube.get(path) or {}).get("status", {}).get("phase") == "Succeeded", "the pod to run")
     assert done.read_text().strip() == "postgres://db"
+
+
+def test_what_the_node_authorizer_does_not_yet_show_a_node_is_waited_for_not_failed(
+    kube: LocalKube, tmp_path: Path
+) -> None:
+    """CI's run of the Secret test: the kubelet read the Secret of a pod the API server's Node authorizer had not
+    yet linked to its node, got 403, and failed the container. A pod bound to no node stands in for that
+    moment here: the real authorizer refuses its Secret and its claim to the node that asks."""
+    namespace = kube.namespace("authz")
+    secret = {"metadata": {"name": "db"}, "data": {"url": base64.b64encode(b"postgres://db").decode()}}
+    kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", secret)
+    home_claim(kube, namespace, "zed")
+    container = {
+        "name": "main",
+        "env": [{"name": "DB", "valueFrom": {"secretKeyRef": {"name": "db", "key": "url"}}}],
+    }
+    pod = {
+        "metadata": {"name": "not-linked-yet", "namespace": namespace, "uid": "u-1"},
+        "spec": {
+            "containers": [container],
+            "volumes": [{"name": "home", "persistentVolumeClaim": {"claimName": "claim-zed"}}],
+        },
+    }
+    node = kube.kubelet.agents[H100]
+    running = RunningPod("u-1", namespace, "not-linked-yet", "127.1.9.9", tmp_path)
+    with pytest.raises(MissingReference, match="forbidden"):
+        kube.run(container_environment(node.api, node.name, pod, container, running))
+    with pytest.raises(VolumeNotReady, match="claim-zed"):
+        kube.run(volume_folders(node.api, pod, tmp_path))

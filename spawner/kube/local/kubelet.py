@@ -49,7 +49,7 @@ from . import pod_processes
 from .container_env import MissingReference, container_environment, expand
 from .device_plugin import NodeDevices
 from .log_server import LogServer
-from .mounts import mount_points, on_host, volume_folders
+from .mounts import VolumeNotReady, mount_points, on_host, volume_folders
 from .pki import KeyPair, client_tls
 from .pod_processes import Container, RunningPod
 from .statuses import node_status, pod_status
@@ -242,8 +242,8 @@ class NodeAgent:
     async def _run(self, running: RunningPod, pod: Obj) -> None:
         running.folder.mkdir(parents=True, exist_ok=True)
         try:
-            running.volumes = await volume_folders(self.api, pod, running.folder)
-        except (OSError, ValueError, httpx.HTTPError) as error:
+            running.volumes = await self._volumes(running, pod)
+        except (OSError, ValueError, LookupError, httpx.HTTPError) as error:
             log.warning(
                 "pod %s/%s: volumes not found (%r); paths stay as written",
                 running.namespace,
@@ -267,6 +267,18 @@ class NodeAgent:
         self.devices.release(running.uid)
         if not running.deleting:
             await self._report(running, pod)
+
+    async def _volumes(self, running: RunningPod, pod: Obj) -> dict[str, Path]:
+        """The pod's volume folders, waiting (up to a minute) while the Node authorizer has not linked the
+        pod's claims to this node: under load a Job's pod asked too soon, ran without its home and failed."""
+        for _ in range(int(60 / CONFIG_RETRY_S)):
+            try:
+                return await volume_folders(self.api, pod, running.folder)
+            except VolumeNotReady:
+                if running.deleting:
+                    raise
+                await asyncio.sleep(CONFIG_RETRY_S)
+        return await volume_folders(self.api, pod, running.folder)
 
     async def _start(self, running: RunningPod, pod: Obj, container: Obj) -> None:
         name = container["name"]

@@ -18,9 +18,15 @@ import httpx
 Obj = dict[str, Any]
 
 
+class VolumeNotReady(LookupError):
+    """The Node authorizer refused a claim or volume of a new pod (403): its graph has not linked them to the
+    node yet. A kubelet waits for the volume, as for any mount not yet ready."""
+
+
 async def volume_folders(api: httpx.AsyncClient, pod: Obj, pod_folder: Path) -> dict[str, Path]:
     """Volume name -> its folder here (:func:`mount_points` makes those a container mounts); a claim not yet
-    bound to a ``hostPath`` volume is left out (its mounts then stay the paths they name)."""
+    bound to a ``hostPath`` volume is left out (its mounts then stay the paths they name); :class:`VolumeNotReady`
+    while the API server may not show them to this node yet."""
     folders: dict[str, Path] = {}
     namespace = pod["metadata"]["namespace"]
     for volume in pod["spec"].get("volumes") or []:
@@ -33,7 +39,10 @@ async def volume_folders(api: httpx.AsyncClient, pod: Obj, pod_folder: Path) -> 
             claim = volume["persistentVolumeClaim"]["claimName"]
             found = await api.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
             bound = found.json().get("spec", {}).get("volumeName") if found.status_code == 200 else None
-            held = (await api.get(f"/api/v1/persistentvolumes/{bound}")).json() if bound else {}
+            volume_answer = await api.get(f"/api/v1/persistentvolumes/{bound}") if bound else None
+            if 403 in (found.status_code, volume_answer.status_code if volume_answer else None):
+                raise VolumeNotReady(f"persistentvolumeclaim {claim}: not yet readable by this node")
+            held = volume_answer.json() if volume_answer is not None else {}
             path = held.get("spec", {}).get("hostPath", {}).get("path")
             if path:
                 folders[name] = Path(path)
