@@ -48,8 +48,8 @@ PROFILES = """
 profiles:
   - {slug: a100, display_name: One A100, gpus: {count: 1, products: [A100-40GB]}, cpu: 2, memory: 4GiB, max_lifetime: 1h}
   - {slug: l4, display_name: One L4, gpus: {count: 1, products: [L4-24GB]}, cpu: 2, memory: 4GiB, max_lifetime: 1h}
-  - {slug: short, display_name: One A100 for 6 s, gpus: {count: 1, products: [A100-40GB]}, cpu: 2, memory: 4GiB,
-     max_lifetime: 6}
+  - {slug: short, display_name: One A100 for 3 s, gpus: {count: 1, products: [A100-40GB]}, cpu: 2, memory: 4GiB,
+     max_lifetime: 3}
 """
 SERVICE_URL = "http://gpupool.jhub.svc:10101/services/gpupool/"
 
@@ -228,7 +228,7 @@ def test_the_users_exit_code_fails_the_job_and_a_deadline_times_it_out(
         slow, _ = jobs.submit("bob", [], Submission(profile="short", command=slow_command))
         await eventually(lambda: state(jobs, slow).finished, "the slow job to end", timeout_s=60)
         timed_out = jobs.get(slow.id)
-        assert timed_out.state is JobState.TIMED_OUT and "6 s" in timed_out.reason, timed_out.reason
+        assert timed_out.state is JobState.TIMED_OUT and "3 s" in timed_out.reason, timed_out.reason
         # at the deadline the Job controller deletes the pod, and its log went with it
         await eventually(lambda: jobs.read_log(timed_out) == b"working\n", "the timed-out run's log kept")
         await eventually(lambda: jobs.leases.pool.allocations == {}, "every lease released")

@@ -59,7 +59,7 @@ from .runner import Launched, LaunchError, NoHome, Outcome
 
 log = logging.getLogger(__name__)
 
-KEEP_LOG_BEFORE_S = 10.0  # how long before a run's deadline its log is kept, every second
+KEEP_LOG_BEFORE_S = 10.0  # how long before a run's deadline its log is kept, every 2 s
 SELECTOR = ",".join([*(f"{k}={v}" for k, v in MANAGED_BY.items()), f"{COMPONENT_LABEL}=training-job"])
 
 
@@ -218,11 +218,11 @@ class KubeJobRunner:
         return None if disrupted_pod(self._pods_of(name)) is not None else job
 
     def _keep_log_near_deadline(self, job: Job, name: str) -> None:
-        """Keep a run's log every second in its last ones: at its deadline the Job controller deletes the pod
+        """Keep a run's log every 2 s in its last seconds: at its deadline the Job controller deletes the pod
         and the log with it (the Job's clock starts after gpupool's, so the last look comes before)."""
         now, logs = time.time(), self.logs
         deadline = (job.started_at or now) + (job.max_runtime or float("inf"))
-        if logs is None or now < deadline - KEEP_LOG_BEFORE_S or now - self._kept_at.get(name, 0.0) < 1:
+        if logs is None or now < deadline - KEEP_LOG_BEFORE_S or now - self._kept_at.get(name, 0.0) < 2:
             return
         self._kept_at[name] = now
         self._writes.spawn(functools.partial(logs.keep, job.id, name, lambda: self._pods_of(name)))
