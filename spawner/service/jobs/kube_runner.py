@@ -33,7 +33,6 @@ import functools
 import json
 import logging
 import posixpath
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -59,7 +58,6 @@ from .runner import Launched, LaunchError, NoHome, Outcome
 
 log = logging.getLogger(__name__)
 
-KEEP_LOG_BEFORE_S = 10.0  # how long before a run's deadline its log is kept, every 2 s
 SELECTOR = ",".join([*(f"{k}={v}" for k, v in MANAGED_BY.items()), f"{COMPONENT_LABEL}=training-job"])
 
 
@@ -107,7 +105,6 @@ class KubeJobRunner:
         self.events: Mirror | None = None  # the Job controller's FailedCreate events
         self.refusals = CreateRefusals()
         self.logs: JobLogs | None = None
-        self._kept_at: dict[str, float] = {}  # Job name -> when its log was last kept near its deadline
         self._creating: set[str] = set()  # Jobs whose create is in flight
         self._stopping: set[str] = set()  # stopped while their create was in flight: delete once created
         self._create_failed: dict[str, str] = {}  # Job name -> why the API refused it
@@ -214,18 +211,7 @@ class KubeJobRunner:
         found = self.jobs.objects.get(name)
         if found is None or finished_condition(found) is not None or self._refusal(name, for_good=True):
             return None
-        self._keep_log_near_deadline(job, name)
         return None if disrupted_pod(self._pods_of(name)) is not None else job
-
-    def _keep_log_near_deadline(self, job: Job, name: str) -> None:
-        """Keep a run's log every 2 s in its last seconds: at its deadline the Job controller deletes the pod
-        and the log with it (the Job's clock starts after gpupool's, so the last look comes before)."""
-        now, logs = time.time(), self.logs
-        deadline = (job.started_at or now) + (job.max_runtime or float("inf"))
-        if logs is None or now < deadline - KEEP_LOG_BEFORE_S or now - self._kept_at.get(name, 0.0) < 2:
-            return
-        self._kept_at[name] = now
-        self._writes.spawn(functools.partial(logs.keep, job.id, name, lambda: self._pods_of(name)))
 
     def stop_run(self, job: Job, *, force: bool) -> None:
         name = job_name(job.id, job.attempts)
@@ -262,7 +248,6 @@ class KubeJobRunner:
         name = job_name(job.id, job.attempts)
         self._create_failed.pop(name, None)
         self._disrupted.pop(name, None)
-        self._kept_at.pop(name, None)
         self.refusals.forget(name)
         found = self.jobs.objects.get(name) if self.jobs is not None else None
         if found is not None and finished_condition(found) is None:
