@@ -13,6 +13,7 @@ import os
 import pwd
 from collections.abc import Callable, Iterable
 
+from .pool.group_names import named_groups
 from .pool.profiles import Profile
 from .pool.quotas import QuotaPolicy
 
@@ -53,17 +54,11 @@ def unknown_names(profiles: Iterable[Profile], quotas: QuotaPolicy | None) -> li
     without a word. Only worth saying where the host's groups and accounts are the hub's (system_groups)."""
     not_here = "which is not a group on this host (nor a JupyterHub group yet?)"
     said = [
-        f"profile {profile.slug} is kept for group {group}, {not_here}"
-        for profile in profiles
-        for group in sorted(profile.groups)
+        f"{where}, {not_here}"
+        for group, where in named_groups(profiles, quotas).items()
         if not _is_group(group)
     ]
     if quotas is not None:
-        said += [
-            f"the quotas file limits group {g}, {not_here}"
-            for g in sorted(quotas.per_group)
-            if not _is_group(g)
-        ]
         said += [
             f"the quotas file limits user {user}, who has no account on this host"
             for user in sorted(quotas.user_overrides)

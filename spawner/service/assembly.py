@@ -26,6 +26,7 @@ from ..backends.discovery import DiscoveredPool, discover_pool
 from ..files.profiles_file import EXAMPLE_PROFILES, load_profiles
 from ..files.quotas_file import EXAMPLE_QUOTAS, load_quotas
 from ..limits import this_host
+from ..pool.group_names import named_groups
 from ..pool.policies import policy_by_name
 from ..pool.profiles import Profile
 from ..pool.quotas import QuotaPolicy, default_policy, describe_quota, group_limits_above_user
@@ -40,7 +41,7 @@ from .jobs.job_manager import JobManager
 from .jobs.preemption_loop import Preemptor
 from .jobs.runner import LocalRunner
 from .leasing.culls import Culls
-from .leasing.group_names import named_groups, warn_of_unknown_groups
+from .leasing.group_names import warn_of_unknown_groups
 from .leasing.health import HealthKeeper
 from .leasing.lease_manager import LeaseManager
 from .leasing.quota_reload import QuotaReload
@@ -72,6 +73,7 @@ class Service:
     parts: ServiceParts
     cluster: ClusterFollower | None = None  # the Kubernetes backend's watches
     claim: Claim | None = None  # this process's ownership of the store, kept while it serves
+    _hub: HubClient | None = None  # the reconciler's client, once there is one
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
@@ -99,7 +101,10 @@ class Service:
                 self._start(keep_claim(self.claim, self.settings.store_check_seconds), "gpupool-store-claim")
             if self.settings.quotas_file:
                 self._start(
-                    QuotaReload(self.manager, self.settings.quotas_file).run_forever(), "gpupool-quotas"
+                    QuotaReload(
+                        self.manager, self.settings.quotas_file, on_new=self._check_group_names
+                    ).run_forever(),
+                    "gpupool-quotas",
                 )
             if self.settings.preempt_after_seconds > 0:
                 preemptor = Preemptor(
@@ -125,10 +130,21 @@ class Service:
             self.manager, hub, interval=interval, stop_unleased=self.settings.stop_unleased
         )
         self._start(loop, "gpupool-reconcile")
+        self._hub = hub
         if not self.settings.system_groups:  # the host's groups are checked at start (unknown_names)
             named = named_groups(*self._admins_files())
             self._start(warn_of_unknown_groups(hub, named), "gpupool-group-names")
         return hub
+
+    def _check_group_names(self, quotas: QuotaPolicy) -> None:
+        """A quotas file read again may name a new group: a misspelt one is warned of as at start."""
+        if Path(self.settings.quotas_file).resolve() == EXAMPLE_QUOTAS.resolve():
+            return
+        if self.settings.system_groups:
+            for line in unknown_names((), quotas):
+                log.warning("%s: a misspelling?", line)
+        elif self._hub is not None:
+            self._start(warn_of_unknown_groups(self._hub, named_groups((), quotas)), "gpupool-group-names")
 
     def _admins_files(self) -> tuple[Sequence[Profile], QuotaPolicy | None]:
         """The profiles and quotas the admin wrote: the shipped examples' groups are examples, not typos."""

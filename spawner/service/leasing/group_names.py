@@ -1,9 +1,10 @@
-"""Group names the profiles and quotas files use that the hub does not know: said once, when the hub answers.
+"""Group names the profiles and quotas files use that the hub does not know: said when the hub first answers,
+and again for the quotas file each time it is read again.
 
 A misspelt group in the quotas file (``studnets``) leaves that group's members without its limits, and in the
-profiles file closes the profile to everyone, both without a word. Where the groups are the hub's (JupyterHub
-groups, not the host's: see ``system_groups``, checked at start), only the hub knows them, and only once it
-is up, so the service asks it (``GET groups``, the scope ``list:groups``) when it first answers. Groups made
+profiles file closes the profile to everyone, both without a word (``pool.group_names``). Where the groups are
+the hub's (JupyterHub groups, not the host's: see ``system_groups``, checked at start), only the hub knows
+them, and only once it is up, so the service asks it (``GET groups``, the scope ``list:groups``). Groups made
 later through the hub's API are fine: the warning says "yet?".
 """
 
@@ -11,23 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
 
-from ...pool.profiles import Profile
-from ...pool.quotas import QuotaPolicy
 from .reconcile import HubClient, HubError
 
 log = logging.getLogger(__name__)
-
-
-def named_groups(profiles: Iterable[Profile], quotas: QuotaPolicy | None) -> dict[str, str]:
-    """Each group the files name, with where: ``{"visoin": "profile vision is kept for group visoin"}``."""
-    named = {
-        group: f"profile {p.slug} is kept for group {group}" for p in profiles for group in sorted(p.groups)
-    }
-    for group in sorted(quotas.per_group if quotas is not None else ()):
-        named.setdefault(group, f"the quotas file limits group {group}")
-    return named
 
 
 def unknown_to_hub(named: dict[str, str], hub_groups: set[str]) -> list[str]:

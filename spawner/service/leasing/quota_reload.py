@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from ...files.quotas_file import QuotaFileError, load_quotas
-from ...pool.quotas import describe_quota, group_limits_above_user
+from ...pool.quotas import QuotaPolicy, describe_quota, group_limits_above_user
 from .lease_manager import LeaseManager
 
 log = logging.getLogger(__name__)
@@ -24,9 +25,12 @@ log = logging.getLogger(__name__)
 class QuotaReload:
     """Keeps ``manager.quotas`` as ``path`` says, read again whenever the file changes."""
 
-    def __init__(self, manager: LeaseManager, path: str | Path) -> None:
+    def __init__(
+        self, manager: LeaseManager, path: str | Path, on_new: Callable[[QuotaPolicy], None] | None = None
+    ) -> None:
         self.manager = manager
         self.path = Path(path)
+        self.on_new = on_new  # told of each new file that came into force (its group names are checked)
         self._applied = self._stamp()
         self._settling: tuple[int, int] | None = None  # a change seen once, read if it holds still
 
@@ -56,6 +60,8 @@ class QuotaReload:
         )
         for line in group_limits_above_user(quotas):
             log.warning("%s", line)
+        if self.on_new is not None:
+            self.on_new(quotas)
         return True
 
     async def run_forever(self, interval: float = 5.0) -> None:
