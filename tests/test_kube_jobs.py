@@ -357,6 +357,8 @@ def test_a_job_whose_pod_the_scheduler_cannot_place_says_why_while_it_has_not_st
         )
         assert "PersistentVolumeClaim" in said, said
         assert state(jobs, job) is JobState.RUNNING and service.running_pod(job) is None
+        why = jobs.get(job.id).history[-1].reason  # `gpupool jobs`' WHY beside the hold-up
+        assert why.startswith("attempt 1 created as a Kubernetes Job for ") and "started" not in why, why
         jobs.cancel(job.id, "user dave")
         await eventually(lambda: state(jobs, job) is JobState.CANCELLED, "the job cancelled")
         assert job_out(jobs, jobs.get(job.id)).held_up is None

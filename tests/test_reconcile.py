@@ -168,7 +168,9 @@ def test_an_edited_quotas_file_is_in_force_within_seconds_and_a_broken_edit_chan
             lambda: erins_quota() == "erin's quota: 3 MIG slices, 0 held or queued", "the new limit", hub.log
         )
         typo = "the quotas file limits group tutros, which is not a JupyterHub group (yet?): a misspelling?"
-        _wait_for(lambda: typo in hub.log.read_text(errors="replace"), "the edit's new typo warned of", hub.log)
+        _wait_for(
+            lambda: typo in hub.log.read_text(errors="replace"), "the edit's new typo warned of", hub.log
+        )
         quotas.write_text(QUOTAS.replace("erin: {mig_slices: 1}", "erin: {mig_slice: 1}"))
         said = "users.erin: unknown field 'mig_slice' (did you mean 'mig_slices'?)"
         _wait_for(lambda: said in hub.log.read_text(errors="replace"), "the broken edit logged", hub.log)

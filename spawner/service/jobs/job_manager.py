@@ -267,7 +267,7 @@ class JobManager:
             job.to(
                 JobState.RUNNING,
                 now,
-                f"attempt {attempt} started on {lease.node} ({devices})",
+                f"attempt {attempt} {self.runner.launched_as} {lease.node} ({devices})",
                 attempts=attempt,
                 pid=None,
                 pid_start=None,

@@ -67,6 +67,7 @@ class KubeJobRunner:
     an API client on the service's event loop before the manager's loop runs; :meth:`close` at shutdown."""
 
     kind = "kubernetes"
+    launched_as = "created as a Kubernetes Job for"
     enforces_deadline = True
     host_paths = False
     log_file = False  # the pod's log, kept by the service when it stops the run (the pod goes with the Job)

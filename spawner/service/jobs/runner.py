@@ -87,6 +87,9 @@ class JobRunner(Protocol):
 
     kind: str
     """``local`` or ``kubernetes``, for logs and messages."""
+    launched_as: str
+    """What a launch is, in a job's history before the node's name: ``started on``, or, where a launch only
+    asks for a run that may still wait (held_up says why), ``created as a Kubernetes Job for``."""
     enforces_deadline: bool
     """True when the runner stops a run past its ``max_runtime`` itself (Kubernetes' ``activeDeadlineSeconds``)
     and reports it as :attr:`Outcome.timed_out`; False, and the manager stops it on its own clock."""
@@ -145,6 +148,7 @@ class LocalRunner:
     else as the service's user with homes under ``home_root``."""
 
     kind = "local"
+    launched_as = "started on"
     enforces_deadline = False
     host_paths = True
     log_lag_s = 0.0
