@@ -3,7 +3,9 @@
 Every ``--checkpoint-every`` steps it saves the step counter and the weights to ``$GPUPOOL_CHECKPOINT_DIR``
 (atomically: a temporary file, then ``os.replace``, so a kill mid-write leaves the previous checkpoint), and
 on start it resumes from the checkpoint it finds there. gpupool gives every attempt of a job the same
-checkpoint directory, so a job the pool requeues after a GPU fault loses at most one interval of work.
+checkpoint directory, so a job the pool requeues after a GPU fault loses at most one interval of work. A job
+that failed on its own is not retried; a new job continues it with ``--resume-from`` the old job's folder
+(``~/.gpupool/jobs/<old id>/checkpoint``), read when its own folder holds no checkpoint yet.
 
 Each step prints ``step N/TOTAL loss L``; a resumed run first prints ``resumed at step N``. Minibatches are
 drawn from a generator seeded by the step, so a resumed run computes exactly what an uninterrupted one would.
@@ -66,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=0.05, help="learning rate")
     parser.add_argument("--batch", type=int, default=64, help="minibatch size")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--resume-from",
+        type=Path,
+        help="an earlier job's checkpoint folder, to start from while this job's own has no checkpoint",
+    )
     args = parser.parse_args(argv)
 
     directory = Path(os.environ.get("GPUPOOL_CHECKPOINT_DIR") or "checkpoints")
@@ -74,10 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     x, y, w_true = data(args.seed)
 
     step, weights = 0, np.zeros(FEATURES)
-    restored = load(checkpoint)
+    restored, source = load(checkpoint), ""
+    if restored is None and args.resume_from is not None:
+        earlier = args.resume_from.expanduser() / checkpoint.name
+        restored, source = load(earlier), f" from {args.resume_from}"
+        if restored is None:
+            print(
+                f"--resume-from: no checkpoint {earlier} (expected a job's checkpoint folder)",
+                file=sys.stderr,
+            )
+            return 2
     if restored is not None:
         step, weights = restored
-        print(f"resumed at step {step}", flush=True)
+        print(f"resumed at step {step}{source}", flush=True)
     while step < args.steps:
         batch = np.random.default_rng([args.seed, step]).integers(0, SAMPLES, size=args.batch)
         error = x[batch] @ weights - y[batch]

@@ -40,6 +40,7 @@ from ..user_accounts import AccountError, UserAccount, ensure_user_account, reti
 from . import form
 from .compat import SpawnException
 from .leasing import GpuLeasing
+from .terminal_shell import terminal_shell_arg
 from .user_options import check_user_options
 
 
@@ -74,6 +75,15 @@ class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner):  # type: ignore[misc]  #
         alone when ``args`` already set ``allow_hidden``.""",
     )
 
+    terminals_keep_path = Bool(
+        True,
+        config=True,
+        help="""Start JupyterLab's terminals as a login shell that puts the server's ``PATH`` back in front
+        after the profiles ran (Debian's ``/etc/profile`` replaces it, and with it the server's ``python`` and
+        the ``gpupool`` command). False: jupyter-server's own login shell. Left alone when ``args`` already set
+        ``terminado_settings``.""",
+    )
+
     def get_env(self) -> dict[str, str]:
         """The lease's environment, and the chosen environment's: its ``bin`` first on ``PATH`` (so the server's
         ``jupyterhub-singleuser`` and ``python`` are that environment's) and its slug in
@@ -87,10 +97,13 @@ class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner):  # type: ignore[misc]  #
         return env
 
     def get_args(self) -> list[str]:
-        """JupyterHub's arguments, with the job folders visible (``show_job_folders``)."""
+        """JupyterHub's arguments, with the job folders visible (``show_job_folders``) and the terminals' shell
+        keeping the server's ``PATH`` (``terminals_keep_path``)."""
         args: list[str] = super().get_args()
         if self.show_job_folders and not any("allow_hidden" in arg for arg in args):
             args.append("--ContentsManager.allow_hidden=True")
+        if self.terminals_keep_path and not any("terminado_settings" in arg for arg in args):
+            args.append(terminal_shell_arg())
         return args
 
     @property
