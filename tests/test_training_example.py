@@ -5,12 +5,16 @@ A researcher's first day: they log in with the printed demo password, get a CPU 
 find the notebook's ``python`` and NumPy (as root the servers and jobs run as the user's own ``gp-<name>`` with
 a Python every account can run), run in the notebook's home, and leave its log and checkpoints where JupyterLab's file
 browser opens them, ``~/.gpupool/jobs/<id>/``: before, a hidden folder the server refused to list. The file
-browser on that folder is saved as ``training-example-files.png`` under ``test-artifacts/``.
+browser on that folder is saved as ``training-example-files.png`` under ``test-artifacts/``. Then, as the
+README says, ``gpupool jobs`` in JupyterLab's terminal lists the job (a trial's terminal had lost the server's
+``PATH`` to Debian's ``/etc/profile``: "gpupool: command not found").
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import re
 import time
 from pathlib import Path
@@ -19,6 +23,8 @@ import httpx
 import nbformat
 from browser_harness import LAB_TIMEOUT_MS, artifacts, chromium, log_in, run_first_cell, screenshot_on_failure
 from playwright.sync_api import Page, expect
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
 from up_harness import Up, api_token, extra_config, free_port_family, login, require_proxy, start_up
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,6 +74,8 @@ def test_the_readmes_training_cell_runs_from_a_notebook_and_its_files_show_in_ju
                 assert ended and ended.group(2) == "succeeded", cell_output
                 assert "step 200/200" in cell_output, cell_output  # follow() printed the training's log
                 _see_job_files(page, up, ended.group(1))
+        listed = asyncio.run(_in_a_terminal(up, token, "gpupool jobs", until=ended.group(1)))
+        assert re.search(rf"^{re.escape(ended.group(1))}\tdemo\t.*\tsucceeded\t", listed, re.M), listed
         hub.delete("/users/demo/server")
     finally:
         up.stop()
@@ -107,3 +115,25 @@ def _see_job_files(page: Page, up: Up, job_id: str) -> None:
     page.screenshot(path=str(artifacts() / "training-example-files.png"))
     page.goto(f"{up.url}/user/demo/lab/tree/.gpupool/jobs/{job_id}/checkpoint")
     expect(listing.get_by_text("train.npz", exact=True)).to_be_visible(timeout=LAB_TIMEOUT_MS)
+
+
+async def _in_a_terminal(up: Up, token: str, command: str, until: str, timeout: float = 60) -> str:
+    """Type ``command`` into a new JupyterLab terminal; what it printed, once ``until`` shows (or time is up)."""
+    headers = {"Authorization": f"token {token}"}
+    made = httpx.post(f"{up.url}/user/demo/api/terminals", headers=headers, timeout=30)
+    assert made.status_code == 200, made.text
+    url = f"{up.url}/user/demo/terminals/websocket/{made.json()['name']}".replace("http", "ws", 1)
+    connection = await websocket_connect(HTTPRequest(url, headers=headers))
+    await connection.write_message(json.dumps(["stdin", f"{command}\r"]))
+    printed, deadline = "", time.monotonic() + timeout
+    try:
+        while until not in printed.split(command, 1)[-1] and time.monotonic() < deadline:
+            with contextlib.suppress(asyncio.TimeoutError):
+                message = await asyncio.wait_for(connection.read_message(), 1)
+                if message is None:
+                    break
+                kind, *content = json.loads(message)
+                printed += content[0] if kind == "stdout" else ""
+    finally:
+        connection.close()
+    return printed
