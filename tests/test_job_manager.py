@@ -79,11 +79,14 @@ def test_a_job_gets_a_lease_runs_on_its_devices_and_gives_them_back(tmp_path: Pa
 
 def test_a_users_own_non_zero_exit_fails_the_job_and_is_not_requeued(tmp_path: Path, user: str) -> None:
     jobs = managers(tmp_path)
-    job, _ = jobs.submit(user, [], sh("exit 7", retries=3))
+    job, _ = jobs.submit(
+        user, [], sh("echo step 1; echo 'no such file: data.csv' >&2; echo; exit 7", retries=3)
+    )
     until(jobs, lambda: jobs.get(job.id).state.finished, "the job to finish")
     failed = jobs.get(job.id)
-    assert failed.state is JobState.FAILED and failed.exit_code == 7 and "status 7" in failed.reason
-    assert failed.attempts == 1
+    assert failed.state is JobState.FAILED and failed.exit_code == 7 and failed.attempts == 1
+    # a trial's `python no_such_file.py` said only "exited with status 2": its WHY now quotes the error
+    assert failed.reason == "the command exited with status 7; its log ends: no such file: data.csv"
 
 
 def test_a_job_whose_home_is_not_writable_fails_saying_so(tmp_path: Path, user: str) -> None:

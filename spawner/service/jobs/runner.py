@@ -50,13 +50,15 @@ class Outcome:
     ``exit_code`` is the command's status when it is known. ``lost`` says the pool, not the job, ended the
     run (an eviction, a drained or lost node): the manager requeues it. ``timed_out`` says the runner's own
     deadline stopped it (see :attr:`JobRunner.enforces_deadline`). ``reason`` explains an end without an
-    exit status, for the job's history.
+    exit status, for the job's history. ``log_ends`` is the last line the command wrote before a non-zero
+    exit: mostly the error that ended it (a script not found, a traceback's last line).
     """
 
     exit_code: int | None
     lost: str | None = None
     timed_out: str | None = None
     reason: str | None = None
+    log_ends: str = ""
 
     def end(self, stop: StopRequest | None) -> tuple[JobState, str]:
         """The state the run ends the job in, and why: a stop the pool asked for decides; otherwise a lost
@@ -75,7 +77,8 @@ class Outcome:
                 JobState.FAILED,
                 self.reason or "the run ended without an exit status (killed by a signal?)",
             )
-        return JobState.FAILED, f"{self.reason} (exit status {code})" if self.reason else _exit_words(code)
+        said = f"{self.reason} (exit status {code})" if self.reason else _exit_words(code)
+        return JobState.FAILED, f"{said}; its log ends: {self.log_ends}" if self.log_ends else said
 
 
 class NoHome(AccountError):
@@ -208,7 +211,7 @@ class LocalRunner:
                 code, reason="the kernel's OOM killer stopped it: it used all the memory its profile gives"
             )
         if code is not None:
-            return Outcome(code)
+            return Outcome(code, log_ends=self._last_line(job) if code else "")
         process = self._processes.get(job.id)  # None after a restart: the run's start status is then unknown
         if process is None and job.pid is None:
             # Recorded as running, then the service stopped before it knew a pid, and no run of this attempt
@@ -236,6 +239,17 @@ class LocalRunner:
     def reap(self) -> None:
         for process in list(self._processes.values()):
             process.poll()  # reap our own children, so a finished leader is not left a zombie
+
+    def _last_line(self, job: Job, tail: int = 4096) -> str:
+        """The log's last non-blank line, printable and at most 200 characters; empty when there is none."""
+        try:
+            size = os.stat(os.path.join(job.job_dir, processes.LOG_NAME)).st_size
+        except OSError:
+            return ""
+        text = self.read_log(job, max(0, size - tail), tail).decode(errors="replace")
+        line = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+        line = "".join(c for c in line if c.isprintable())
+        return line if len(line) <= 200 else line[:199] + "…"
 
     def _uid(self, user: str) -> int | None:
         with contextlib.suppress(AccountError):
