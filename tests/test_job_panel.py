@@ -125,6 +125,22 @@ def test_the_panel_starts_on_the_forms_default_profile_and_the_newest_jobs_log()
         panel.close()
 
 
+def test_cancel_is_offered_only_for_a_job_that_has_not_ended() -> None:
+    """A trial's "Cancel job" stayed active on a finished job, and pressing it said the job "is succeeded"."""
+    panel = JobPanel(_Service(), refresh=3600)  # type: ignore[arg-type]
+    try:
+        jobs = [_job(id="old", submitted_at=1.0), _job(id="new", state="succeeded", submitted_at=2.0)]
+        panel._show([], jobs, None)
+        assert panel.chosen.value == "new" and panel.cancel_button.disabled
+        panel.chosen.value = "old"  # running
+        panel._show([], jobs, None)
+        assert not panel.cancel_button.disabled
+        panel._show([], [], None)  # no job at all
+        assert panel.cancel_button.disabled
+    finally:
+        panel.close()
+
+
 def test_a_waiting_job_and_a_full_profile_say_when_they_can_expect_to_start() -> None:
     """Finding 1 of the researcher's-day review: a queued job showed only its place in line."""
     start = time_of_day(5_000.0)

@@ -328,6 +328,11 @@ def test_the_shell_commands_submit_follow_list_and_refuse_bad_input(hub: Hub) ->
         model = me.get(f"/jobs/{job_id}").json()
         assert model["max_runtime"] == 600
     assert row[1] == model["user"]  # whose: an admin's list holds everyone's
+    too_late = _gpupool(hub, "cancel", job_id)
+    assert (
+        too_late.returncode == 0
+        and too_late.stdout == f"{job_id} had already ended (succeeded): nothing to cancel\n"
+    )
     bad = _gpupool(hub, "submit", "--profile", "cpu", "--max-runtime", "2x", "--", "true")
     assert bad.returncode == 1 and "--max-runtime: " in bad.stderr and "2h" in bad.stderr, bad.stderr
     # the options' own names, and a negative duration said as such (a trial read "working_dir: …" and

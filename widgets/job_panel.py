@@ -23,7 +23,7 @@ from traitlets import Float
 
 from ._api import Connection, GpupoolError, time_and_span, time_of_day
 from .gpu_monitor import SIMULATED_STYLE
-from .jobs import Job, submission
+from .jobs import FINISHED, Job, submission
 from .poller import Poller, in_background
 
 WAITING = "waiting for the gpupool service…"
@@ -109,7 +109,7 @@ class JobPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.connection = connection or Connection()
         self._choose: str | None = None  # the job to choose at the next refresh (one just submitted)
         self._about_service = True  # the message line is about the service (waiting, unreachable)
-        self.command = w.Text(description="Command", placeholder="python train.py --epochs 10")
+        self.command = w.Text(description="Command", placeholder="python train.py --steps 200")
         self.profile = w.Dropdown(description="Profile", options=[])
         self.max_hours = w.BoundedFloatText(value=1.0, min=0.01, max=24 * 30, description="Max hours")
         self.retries = w.BoundedIntText(value=2, min=0, max=20, description="Retries")
@@ -240,6 +240,8 @@ class JobPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             self.chosen.options = ids
         if keep in {i for _, i in ids} and keep != self.chosen.value:
             self.chosen.value = keep
+        states = {j["id"]: j["state"] for j in jobs}  # a job that has ended has nothing left to cancel
+        self.cancel_button.disabled = states.get(self.chosen.value, "succeeded") in FINISHED
 
     def _say(self, text: str, *, about_service: bool = False) -> None:
         """Show ``text`` on the message line; a refresh clears it only when it is about the service."""

@@ -1,7 +1,7 @@
 """Training jobs from a notebook: ``submit()`` sends a command to the pool and returns a :class:`Job` handle.
 
     from gpupool.widgets import submit
-    job = submit(["python", "train.py", "--epochs", "10"], profile="a100-pair", max_runtime=6 * 3600)
+    job = submit(["python", "train.py", "--steps", "200"], profile="a100-pair", max_runtime=6 * 3600)
     job.status          # "queued", "running", "succeeded", …
     job.follow()        # print the log as it grows, until the job ends
     job.wait()          # block until it ends; returns the final state

@@ -158,6 +158,11 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    state = Job(args.job_id, connect(args)).cancel()
-    print(f"{args.job_id}\t{state}")
+    job = Job(args.job_id, connect(args))
+    if (
+        job.finished
+    ):  # a trial read "… succeeded" after cancelling a finished job, as if the cancel had done it
+        print(f"{args.job_id} had already ended ({job.status}): nothing to cancel")
+        return 0
+    print(f"{args.job_id}\t{job.cancel()}")
     return 0
