@@ -153,14 +153,19 @@ def render_form(
         )
     elif not usable:
         parts.append('<p class="gpupool-none">No profile is open to you now; ask an administrator.</p>')
-    parts.extend(_row(choice, choice is checked) for choice in choices)
+    parts.extend(_row(choice, choice is checked, hint_quota=bool(usable)) for choice in choices)
     if usable:
         parts.append(_walltime_field())
     parts.append("</div>")
     return "\n".join(parts)
 
 
-def _row(choice: ProfileChoice, checked: bool) -> str:
+_FREE_QUOTA = "cancel a job (JobPanel, or gpupool cancel ID) to free it"
+
+
+def _row(choice: ProfileChoice, checked: bool, *, hint_quota: bool) -> str:
+    """One profile's row; a row closed by the quota says how to open it (``hint_quota``: unless the form's
+    top says so already, as it does when no row is open)."""
     profile = choice.profile
     slug = escape(profile.slug)
     summary = (
@@ -173,9 +178,14 @@ def _row(choice: ProfileChoice, checked: bool) -> str:
     if profile.description:
         summary += f'<span class="gpupool-description">{escape(profile.description)}</span>'
     if choice.blocked_reason is not None:
+        reason = (
+            f"{choice.blocked_reason}: {_FREE_QUOTA}"
+            if choice.quota_full and hint_quota
+            else choice.blocked_reason
+        )
         return (
             f'<div class="gpupool-profile gpupool-blocked" data-slug="{slug}" aria-disabled="true">'
-            f'{summary}<span class="gpupool-reason">{escape(choice.blocked_reason)}</span></div>'
+            f'{summary}<span class="gpupool-reason">{escape(reason)}</span></div>'
         )
     field_id = f"gpupool-profile-{slug}"
     check = " checked" if checked else ""
