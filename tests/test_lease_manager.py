@@ -276,7 +276,7 @@ def test_a_wait_never_counts_on_devices_a_drain_keeps_out(tmp_path: Path) -> Non
     alices = next(g.index for g in m.pool.node("dgx").gpus if g.uuid == holders[0].devices[0].gpu_uuid)
     m.set_health("dgx", Health.DRAINED, gpu_index=alices)  # it stays out when she releases it
     assert m.expected_start(waiting.id) == holders[1].granted_at + 3 * 86400  # bob's, three days off
-    assert "(in about 3.0 days)" in (m.waiting_message(waiting.id) or "")
+    assert "(in about 3 days)" in (m.waiting_message(waiting.id) or "")
     m.set_health("dgx", Health.DRAINED)
     assert m.expected_start(waiting.id) is None
     assert "no expected start yet (what it waits for has no time limit, or is drained or failed)" in (

@@ -133,6 +133,15 @@ def time_and_span(start: float, now: float, clock: Callable[[float], str]) -> st
         return f"{clock(start)} (within a minute)"
     hours = minutes / 60
     span = (
-        f"{minutes:.0f} min" if minutes < 90 else f"{hours:.1f} h" if hours < 24 else f"{hours / 24:.1f} days"
+        f"{minutes:.0f} min"
+        if minutes < 90
+        else f"{_tenths(hours)} h"
+        if hours < 24
+        else f"{_tenths(hours / 24)} days"
     )
     return f"{clock(start)} (in about {span})"
+
+
+def _tenths(amount: float) -> str:
+    """``11.9``, but ``12`` rather than ``12.0``: a trial read "in about 12.0 h" as oddly exact."""
+    return f"{amount:.1f}".removesuffix(".0")
