@@ -184,8 +184,28 @@ def test_metrics_parse_and_match_the_pool_its_leases_and_its_queue(tmp_path: Pat
     assert mig_parents and not mig_parents & utilization  # "not available": no series, not a 0
     assert slice_.uuid in utilization
     assert all(0 <= value <= 1 for _, value in found["gpupool_gpu_utilization_ratio"])
-    held = {(labels["kind"], labels["held"]): value for labels, value in found["gpupool_devices"]}
-    assert held[("mig", "true")] == 1 and held[("gpu", "true")] == 5
+    held = {(labels["kind"], labels["held"], labels["health"]): v for labels, v in found["gpupool_devices"]}
+    assert held[("mig", "true", "healthy")] == 1 and held[("gpu", "true", "healthy")] == 5
+
+
+def test_a_failed_or_drained_device_is_not_counted_free(tmp_path: Path, hub_api: str) -> None:
+    """An admin's trial: Prometheus and Grafana's "Free devices" counted a GPU marked failed and two drained
+    ones as free, beside a dashboard that left them out."""
+    service = Service(tmp_path, hub_api)
+
+    def free_gpus() -> dict[str, float]:
+        with Client(service.app) as client:
+            found = metrics(get(client, "metrics", "admin-token").text)
+        rows = [(labels, value) for labels, value in found["gpupool_devices"] if labels["kind"] == "gpu"]
+        return {labels["health"]: value for labels, value in rows if labels["held"] == "false"}
+
+    before = free_gpus()
+    held = {d.uuid for lease in (service.bob, *service.carol) for d in lease.devices}
+    idle = [(n.name, g.index) for n in service.nodes for g in n.gpus if g.mode is not GpuMode.MIG]
+    idle = [(node, index) for node, index in idle if not held & _gpu_uuids(service, node, index)]
+    service.parts.jobs.fault(*idle[0])
+    service.parts.jobs.drain(*idle[1])
+    assert free_gpus() == {"healthy": before["healthy"] - 2, "unhealthy": 1, "drained": 1}
 
 
 def test_metrics_need_an_administrator_unless_made_public(tmp_path: Path, hub_api: str) -> None:
@@ -362,3 +382,9 @@ def test_a_failing_pass_is_counted_and_sampling_goes_on(tmp_path: Path, hub_api:
 
 def parent_node(service: Any, gpu_uuid: str) -> str:
     return next(n.name for n in service.nodes for g in n.gpus if g.uuid == gpu_uuid)
+
+
+def _gpu_uuids(service: Any, node: str, index: int) -> set[str]:
+    """The GPU's UUID and its MIG instances'."""
+    (gpu,) = [g for n in service.nodes if n.name == node for g in n.gpus if g.index == index]
+    return {gpu.uuid, *(i.uuid for i in gpu.mig_instances)}

@@ -51,6 +51,7 @@ class Device:
     split: bool = False  # a GPU in MIG mode: leased only through its instances
     parent_uuid: str = ""  # a MIG slice's GPU
     gpu_instance_id: int | None = None
+    health: str = "healthy"  # else its node's or GPU's: unhealthy (failed) or drained, out of service
 
     def labels(self) -> list[str]:
         instance = "" if self.gpu_instance_id is None else str(self.gpu_instance_id)
@@ -68,9 +69,12 @@ def pool_devices(pool: PoolState) -> list[Device]:
     """Every GPU and MIG instance of the pool, in pool order (a MIG GPU before its instances)."""
     found: list[Device] = []
     for ns in pool.nodes:
-        for gpu in ns.gpus:
+        for position, gpu in enumerate(ns.gpus):
             split = gpu.mode is GpuMode.MIG
-            found.append(Device(ns.node.name, gpu.index, gpu.uuid, None, gpu.memory_mib, split))
+            health = (ns.health if not ns.healthy else ns.gpu_health[position]).value
+            found.append(
+                Device(ns.node.name, gpu.index, gpu.uuid, None, gpu.memory_mib, split, health=health)
+            )
             if split:
                 found.extend(
                     Device(
@@ -81,6 +85,7 @@ def pool_devices(pool: PoolState) -> list[Device]:
                         i.memory_mib,
                         parent_uuid=gpu.uuid,
                         gpu_instance_id=i.gpu_instance_id,
+                        health=health,
                     )
                     for i in gpu.mig_instances
                 )
@@ -278,18 +283,21 @@ def _lease_info_family(manager: LeaseManager, devices: Mapping[str, Device]) -> 
 
 
 def _device_count_family(devices: Iterable[Device], users: Mapping[str, list[str]]) -> Metric:
-    """Leasable devices by kind (``gpu`` or ``mig``) and whether anyone holds them."""
+    """Leasable devices by kind (``gpu`` or ``mig``), whether anyone holds them and their health: a failed or
+    drained device that nobody holds is not free (a trial's Grafana counted them in "Free devices")."""
     held = GaugeMetricFamily(
-        "gpupool_devices", "Leasable devices by kind and whether anyone holds them", labels=["kind", "held"]
+        "gpupool_devices",
+        "Leasable devices by kind, whether anyone holds them, and health (healthy, unhealthy or drained)",
+        labels=["kind", "held", "health"],
     )
-    counts: dict[tuple[str, str], int] = {}
+    counts: dict[tuple[str, str, str], int] = {}
     for device in devices:
         if device.split:
             continue  # a GPU in MIG mode is leased through its instances
-        key = ("mig" if device.mig_profile else "gpu", "true" if users.get(device.uuid) else "false")
-        counts[key] = counts.get(key, 0) + 1
-    for (kind, is_held), count in sorted(counts.items()):
-        held.add_metric([kind, is_held], count)
+        kind, is_held = "mig" if device.mig_profile else "gpu", "true" if users.get(device.uuid) else "false"
+        counts[kind, is_held, device.health] = counts.get((kind, is_held, device.health), 0) + 1
+    for labels, count in sorted(counts.items()):
+        held.add_metric(list(labels), count)
     return held
 
 
