@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .pool import mig
 
 JOB_COMMANDS = ("submit", "jobs", "logs", "cancel")
-ADMIN_COMMANDS = ("drain", "undrain")
+ADMIN_COMMANDS = ("drain", "undrain", "fault", "repair")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -229,7 +229,7 @@ def _local_cluster() -> Any:
 
 
 def _admin_commands() -> Any:
-    """``drain`` and ``undrain``: API clients too, reached by name like the job commands."""
+    """``drain``, ``undrain``, ``fault`` and ``repair``: API clients too, reached by name like the job commands."""
     return importlib.import_module("gpupool.widgets.admin_cli")
 
 

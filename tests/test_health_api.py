@@ -152,5 +152,14 @@ def test_an_admin_drains_a_gpu_its_job_moves_new_work_waits_and_undrain_brings_i
         assert back.returncode == 0 and back.stdout == f"{NODE}/{drained}\thealthy\n", back.stderr
         until(lambda: running_on(me, second["id"]) == drained, "the waiting job to run on the undrained GPU")
         assert health(me, drained) == "healthy" and admin.get("/admin/health").json() == []
-        for started in (first, second):
-            assert me.delete(f"/jobs/{started['id']}").json()["state"] == "cancelled"
+
+        # an admin's trial found faults and repairs only in the API, answering with bare ids
+        assert me.delete(f"/jobs/{first['id']}").json()["state"] in ("running", "cancelled")  # room on `other`
+        failed = gpupool(hub, "admin", "fault", f"{NODE}/{drained}")
+        assert failed.returncode == 0, failed.stderr
+        said = f"{NODE}/{drained}\tunhealthy\tjobs requeued: {second['id']} ({second['user']}'s {second['name']})"
+        assert failed.stdout.startswith(said), failed.stdout
+        until(lambda: running_on(me, second["id"]) == other, "the requeued job to run on the healthy GPU")
+        repaired = gpupool(hub, "admin", "repair", f"{NODE}/{drained}")
+        assert repaired.returncode == 0 and repaired.stdout == f"{NODE}/{drained}\thealthy\n", repaired.stderr
+        assert me.delete(f"/jobs/{second['id']}").json()["state"] in ("running", "cancelled")

@@ -1,6 +1,9 @@
-"""``gpupool drain | undrain NODE[/GPU]``: take a node or one GPU out of the pool, and put it back (admins).
+"""``gpupool drain | undrain | fault | repair NODE[/GPU]``: take a node or one GPU out of the pool, and put it
+back (admins).
 
 Drained: nothing new is placed there, jobs running there are stopped and requeued, servers keep running.
+Marked unhealthy (``fault``) does the same, for a device that failed, until ``repair``; the mark survives a
+restart. Each says whose jobs and servers were there, not only their ids.
 The token must carry ``custom:gpupool:admin``; pass ``--url`` and ``--token`` or set ``GPUPOOL_SERVICE_URL``
 and ``JUPYTERHUB_API_TOKEN``, as for the job commands.
 """
@@ -17,15 +20,27 @@ __all__ = ["add_admin_commands", "parse_device", "run"]
 
 
 def add_admin_commands(commands: Any) -> None:
-    """Add ``drain`` and ``undrain`` to the ``gpupool`` parser's subparsers."""
-    for name, handler, text in (
-        ("drain", _drain, "stop placing on a node or GPU; its jobs are requeued, servers keep running"),
-        ("undrain", _undrain, "place on a drained node or GPU again"),
+    """Add ``drain``, ``undrain``, ``fault`` and ``repair`` to the ``gpupool`` parser's subparsers."""
+    for name, path, handler, text in (
+        (
+            "drain",
+            "drain",
+            _mark,
+            "stop placing on a node or GPU; its jobs are requeued, servers keep running",
+        ),
+        ("undrain", "undrain", _lift, "place on a drained node or GPU again"),
+        (
+            "fault",
+            "faults",
+            _mark,
+            "mark a failed node or GPU unhealthy, as drain does, until it is repaired",
+        ),
+        ("repair", "repair", _lift, "lift the unhealthy mark of a repaired node or GPU"),
     ):
         sub = commands.add_parser(name, help=f"{text} (admins)", description=f"{text[0].upper()}{text[1:]}.")
         sub.add_argument("device", metavar="NODE[/GPU]", help="a node, or one GPU on it: dgx-h100-01/3")
         connection_options(sub, whose="of an admin")
-        sub.set_defaults(handler=handler)
+        sub.set_defaults(handler=handler, route=f"admin/{path}")
 
 
 def parse_device(text: str) -> dict[str, Any]:
@@ -38,10 +53,10 @@ def parse_device(text: str) -> dict[str, Any]:
     return {"node": node, "gpu_index": int(gpu)} if slash else {"node": node}
 
 
-def _drain(args: argparse.Namespace) -> int:
+def _mark(args: argparse.Namespace) -> int:
     body = parse_device(args.device)
     connection = connect(args)
-    out = connection.call("POST", "admin/drain", json=body)
+    out = connection.call("POST", args.route, json=body)
     jobs = ", ".join(_job(connection, job_id) for job_id in out["stopped_jobs"]) or "none"
     print(f"{args.device}\t{out['health']}\tjobs requeued: {jobs}")
     if out["servers"]:
@@ -70,7 +85,7 @@ def _server(connection: Connection, lease_id: str) -> str:
     return f"{lease['user']}'s server{name} (lease {lease_id})"
 
 
-def _undrain(args: argparse.Namespace) -> int:
-    out = connect(args).call("POST", "admin/undrain", json=parse_device(args.device))
+def _lift(args: argparse.Namespace) -> int:
+    out = connect(args).call("POST", args.route, json=parse_device(args.device))
     print(f"{args.device}\t{out['health']}")
     return 0

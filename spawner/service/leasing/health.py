@@ -196,9 +196,9 @@ class HealthKeeper:
         ]
         for lease in servers:
             log.warning(
-                "server %s of %s (lease %s) runs on %s, now %s",
-                lease.owner_name,
+                "%s's server%s (lease %s) runs on %s, now %s",
                 lease.user,
+                f" {lease.owner_name}" if lease.owner_name else "",
                 lease.id,
                 device_key(node, gpu_index),
                 what,
