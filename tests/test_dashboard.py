@@ -115,7 +115,11 @@ def test_the_idle_line_reads_like_a_sentence() -> None:
         idle_line(IdleDevice("GPU-5", "H100 #5", "alice", "L1", 3 * 3600 + 59, 0.0))
         == "3 h at 0% on H100 #5, alice"
     )
-    assert idle_line(IdleDevice("GPU-5", "H100 #5", "bob", "L1", 90, 3.2)) == "1 min at ≤3% on H100 #5, bob"
+    assert idle_line(IdleDevice("GPU-5", "H100 #5", "bob", "L1", 90, 3.2)) == "1 min at ≤4% on H100 #5, bob"
+    # a trial read "5 min at ≤0%" for a peak of half a percent: a bound that is never below the peak
+    assert (
+        idle_line(IdleDevice("MIG-1", "3g.40gb", "linus", "L2", 300, 0.5)) == "5 min at ≤1% on 3g.40gb, linus"
+    )
     assert [duration(s) for s in (5, 600, 3600 * 26)] == ["5 s", "10 min", "1 d 2 h"]
 
 

@@ -154,7 +154,10 @@ def test_an_admin_drains_a_gpu_its_job_moves_new_work_waits_and_undrain_brings_i
         assert health(me, drained) == "healthy" and admin.get("/admin/health").json() == []
 
         # an admin's trial found faults and repairs only in the API, answering with bare ids
-        assert me.delete(f"/jobs/{first['id']}").json()["state"] in ("running", "cancelled")  # room on `other`
+        assert me.delete(f"/jobs/{first['id']}").json()["state"] in (
+            "running",
+            "cancelled",
+        )  # room on `other`
         failed = gpupool(hub, "admin", "fault", f"{NODE}/{drained}")
         assert failed.returncode == 0, failed.stderr
         said = f"{NODE}/{drained}\tunhealthy\tjobs requeued: {second['id']} ({second['user']}'s {second['name']})"

@@ -4,6 +4,7 @@ a server or a browser. :mod:`.pages` gathers the data and serves the pages."""
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,8 +71,8 @@ def _e(value: object) -> str:
 
 
 def idle_line(idle: IdleDevice) -> str:
-    """``3 h at 0% on H100 #5, alice`` (``at ≤3%`` when it rose a little, but stayed below the threshold)."""
-    level = "0%" if idle.peak < 0.5 else f"≤{idle.peak:.0f}%"
+    """``3 h at 0% on H100 #5, alice`` (``at ≤4%`` when it rose a little, to 3.2%, but stayed below the threshold)."""
+    level = "0%" if idle.peak == 0 else f"≤{math.ceil(idle.peak)}%"  # never "≤0%" (a peak of 0.5 rounded)
     return f"{duration(idle.seconds)} at {level} on {idle.label}, {idle.user}"
 
 
