@@ -140,6 +140,7 @@ def _gpu_line(gpu: dict[str, Any], held_by: Callable[[list[str]], str]) -> str:
     elif gpu["mode"] == "shared":
         limit = f", up to {gpu['max_shares']} holders" if gpu["max_shares"] else ""
         state = f"{gpu['free_milli'] / 10:g}% free{limit}"
+        state += f"; {held_by(gpu['holders'])}" if gpu["holders"] else ""
     else:
         state = "free" if gpu["free_milli"] == FULL_MILLI else held_by(gpu["holders"])
     return f"{head}  {state}{link}  {gpu['uuid']}"

@@ -255,6 +255,16 @@ def test_refusals_say_which_limit_a_shared_gpu_hit() -> None:
     assert isinstance(too_much_memory, Refusal) and too_much_memory.never_fits
 
 
+def test_the_pool_text_names_who_holds_a_shared_gpu() -> None:
+    """An admin's trial read "GPU 0 L4-24GB 24 GiB shared 75% free, up to 4 holders" without whose."""
+    from gpupool.spawner.inventory import describe_pool, render_pool
+
+    state = PoolState([node("l4", [gpu("l4", 0, "L4-24GB", mode=GpuMode.SHARED, max_shares=4)])])
+    place(state, Request(gpu=GpuShare(250), **CPU_MEM), "L1")
+    text = render_pool(describe_pool(state, "simulated", "test"), {"L1": "grace's server (L1)"})
+    assert "75% free, up to 4 holders; held by grace's server (L1)" in text, text
+
+
 def test_inventory_shows_drained_nodes_and_failed_gpus() -> None:
     from gpupool.spawner.inventory import describe_pool
 
