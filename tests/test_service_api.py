@@ -293,6 +293,12 @@ def test_usage_is_each_users_own_and_admins_see_everyone(hub: Hub) -> None:
         assert admin.get("/usage", params={"user": "alice"}).status_code == 200
         backwards = admin.get("/usage", params={"since": 10, "until": 5})
         assert backwards.status_code == 400 and "since" in backwards.json()["detail"]
+        # an admin's trial asked for last week as since=2026-12-01 and got "Input should be a valid number"
+        by_date = admin.get("/usage", params={"since": "2026-12-01", "until": "2026-12-08T00:00"})
+        by_seconds = admin.get("/usage", params={"since": 1796083200, "until": 1796688000})
+        assert by_date.status_code == 200 and by_date.json() == by_seconds.json(), by_date.text
+        typo = admin.get("/usage", params={"since": "2026-13-01"})
+        assert typo.status_code == 400 and typo.json()["fields"] == ["since"], typo.text
 
 
 def test_the_quota_says_what_carol_may_hold_and_what_she_holds(hub: Hub) -> None:
