@@ -61,6 +61,10 @@ def test_an_hour_on_a_slice_a_share_and_a_whole_gpu_reads_the_same_in_usage_the_
         for labels, value in exported["gpupool_gpu_hours_held_total"]
     }
     assert set(from_api) == set(from_metrics) == set(expected)
+    # the unknown hours too, so that a dashboard's idle share is the API's (a trial's Grafana counted them idle)
+    unknown = {(row["user"], row["profile"]): row["gpu_hours_unknown"] for row in api}
+    exported_unknown = {(x["user"], x["profile"]): v for x, v in exported["gpupool_gpu_hours_unknown_total"]}
+    assert exported_unknown == pytest.approx(unknown, abs=1e-4)
     assert set(from_pages) == {key for key in expected if key[0] != "carol"}
     for key, hours in expected.items():
         assert from_api[key] == pytest.approx(hours, rel=0.01), key

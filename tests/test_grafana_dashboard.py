@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +19,13 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from hub_harness import free_port, service_command, wait_for
 from polling import pauses
 from token_hub import token_hub
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
-from gpupool.spawner.service.api.auth import LEASES_SCOPE
+from gpupool.spawner.service.api.auth import ADMIN_SCOPE, LEASES_SCOPE
 from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
 from gpupool.spawner.service.store.usage_store import UsageStore
 from gpupool.spawner.telemetry.aggregates import Holder, MinuteAggregate
@@ -31,10 +33,32 @@ from gpupool.spawner.telemetry.aggregates import Holder, MinuteAggregate
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "hub_config" / "grafana" / "gpupool.json"
 PROMETHEUS = Path("/usr/bin/prometheus")
-HUB_TOKEN = "hub-token"
+HUB_TOKEN, ADMIN_TOKEN = "hub-token", "admin-token"
 CALLERS = {
-    HUB_TOKEN: {"name": "hub", "kind": "service", "scopes": [LEASES_SCOPE, "access:services!service=gpupool"]}
+    HUB_TOKEN: {
+        "name": "hub",
+        "kind": "service",
+        "scopes": [LEASES_SCOPE, "access:services!service=gpupool"],
+    },
+    ADMIN_TOKEN: {
+        "name": "admin",
+        "kind": "user",
+        "scopes": [ADMIN_SCOPE, "access:services!service=gpupool"],
+    },
 }
+README = ROOT / "README.md"
+
+
+def readme_scrape_config(target: str, token_file: Path) -> dict[str, Any]:
+    """The README's scrape job for gpupool, pointed at ``target`` and reading the admin's token from
+    ``token_file``: the admin's copy and paste, checked against the real Prometheus."""
+    block = re.search(r"```yaml\n(\s*scrape_configs:.*?)```", README.read_text(), re.S)
+    assert block, "the README has no Prometheus scrape_configs block"
+    config = yaml.safe_load(block.group(1))
+    (job,) = config["scrape_configs"]
+    job["authorization"]["credentials_file"] = str(token_file)
+    job["static_configs"] = [{"targets": [target]}]
+    return dict(config)
 
 
 def _stored_usage(db_url: str) -> None:
@@ -65,7 +89,6 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         env = os.environ | {
             "GPUPOOL_POOL": str(DEMO_POOL),
             "GPUPOOL_DB_URL": db_url,
-            "GPUPOOL_METRICS_PUBLIC": "1",
             "GPUPOOL_SAMPLE_SECONDS": "0.5",
             "GPUPOOL_RECONCILE_SECONDS": "0",
             "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}",
@@ -76,7 +99,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             process = subprocess.Popen(service_command(), env=env, cwd=tmp, stdout=out, stderr=out)
         url = f"http://127.0.0.1:{port}/services/gpupool/"
         try:
-            wait_for(lambda: httpx.get(url + "metrics").status_code == 200, "the service's metrics", log, 60)
+            wait_for(lambda: httpx.get(url + "metrics").status_code == 401, "the service's metrics", log, 60)
             spawner = httpx.Client(base_url=url + "api/v1", headers={"Authorization": f"token {HUB_TOKEN}"})
             for user, profile, n in (("alice", "mig-3g", 1), ("bob", "h100", 1), ("carol", "l4-quarter", 2)):
                 for i in range(n):
@@ -93,16 +116,11 @@ def prometheus(service: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     if not PROMETHEUS.is_file():
         pytest.fail(f"{PROMETHEUS} is missing: `make test` installs it (apt-get install prometheus)")
     tmp = tmp_path_factory.mktemp("prometheus")
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [
-            {
-                "job_name": "gpupool",
-                "metrics_path": "/services/gpupool/metrics",
-                "static_configs": [{"targets": [service]}],
-            }
-        ],
-    }
+    (tmp / "gpupool-token").write_text(ADMIN_TOKEN + "\n")
+    config = readme_scrape_config(
+        service, tmp / "gpupool-token"
+    )  # an admin's token: the metrics are not public
+    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
     (tmp / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
     port = free_port()
     log = tmp / "prometheus.log"

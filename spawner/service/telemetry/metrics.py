@@ -317,19 +317,28 @@ def _telemetry_families(telemetry: Telemetry) -> list[Metric]:
 
 
 def _usage_families(usage: UsageStore, now: float) -> list[Metric]:
-    """GPU-hours held and used per user and profile, from the stored minutes."""
+    """GPU-hours held, used and unknown per user and profile, from the stored minutes: ``GET usage``'s idle
+    share is 1 − used / (held − unknown), and a dashboard needs the unknown hours to say the same."""
     held = CounterMetricFamily(
         "gpupool_gpu_hours_held",
         "GPU-hours held (in GPU-equivalents), stored minutes",
         labels=["user", "profile"],
     )
     used = CounterMetricFamily(
-        "gpupool_gpu_hours_used", "GPU-hours held while busy (in GPU-equivalents)", labels=["user", "profile"]
+        "gpupool_gpu_hours_used",
+        "GPU-hours held at 5% utilisation or more (in GPU-equivalents)",
+        labels=["user", "profile"],
+    )
+    unknown = CounterMetricFamily(
+        "gpupool_gpu_hours_unknown",
+        "GPU-hours held while utilisation could not be read (in GPU-equivalents): neither used nor idle",
+        labels=["user", "profile"],
     )
     for row in usage.report(0, now + 60):
         held.add_metric([row.user, row.profile], row.gpu_hours_held)
         used.add_metric([row.user, row.profile], row.gpu_hours_used)
-    return [held, used]
+        unknown.add_metric([row.user, row.profile], row.gpu_hours_unknown)
+    return [held, used, unknown]
 
 
 class _Collector:
