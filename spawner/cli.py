@@ -22,12 +22,17 @@ if TYPE_CHECKING:
 
 JOB_COMMANDS = ("submit", "jobs", "logs", "cancel")
 ADMIN_COMMANDS = ("drain", "undrain", "fault", "repair")
+REPORT_COMMANDS = ("usage",)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(list(sys.argv[1:] if argv is None else argv))
     try:
-        if args.command in (*JOB_COMMANDS, *ADMIN_COMMANDS):  # clients of the service: one way to fail
+        if args.command in (
+            *JOB_COMMANDS,
+            *ADMIN_COMMANDS,
+            *REPORT_COMMANDS,
+        ):  # the service's clients fail alike
             code: int = _job_commands().run(args.handler, args)
             return code
         result: int = args.handler(args)
@@ -103,6 +108,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     _add_kube(commands)
     _job_commands().add_job_commands(commands)
     _admin_commands().add_admin_commands(commands)
+    importlib.import_module("gpupool.widgets.usage_cli").add_usage_command(commands)
     importlib.import_module("gpupool.spawner.hub.install").add_install_commands(commands)
     return parser
 

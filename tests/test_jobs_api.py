@@ -347,6 +347,24 @@ def test_the_shell_commands_submit_follow_list_and_refuse_bad_input(hub: Hub) ->
     assert unknown.returncode == 1 and "unknown profile 'h200'" in unknown.stderr, unknown.stderr
 
 
+def test_gpupool_usage_reads_the_usage_api_since_a_date_and_names_a_bad_one(hub: Hub) -> None:
+    """An admin's trial summed `GET usage` rows by hand to tell who held GPUs idle last week."""
+    with hub.as_user("me") as me:
+        rows = me.get("/usage", params={"since": "2026-01-01"}).json()
+    listed = _gpupool(hub, "usage", "--since", "2026-01-01")
+    assert listed.returncode == 0, listed.stderr
+    if rows:
+        header, *lines, total = listed.stdout.splitlines()
+        assert header.split("\t") == ["USER", "PROFILE", "HELD", "USED", "UNKNOWN", "IDLE"]
+        assert len(lines) == len(rows) and total.startswith("total\t")
+    else:
+        assert listed.stdout == "no GPU-hours held in this span\n"
+    as_json = _gpupool(hub, "usage", "--since", "2026-01-01", "--json")
+    assert json.loads(as_json.stdout) == rows
+    typo = _gpupool(hub, "usage", "--since", "2026-13-01")
+    assert typo.returncode == 1 and typo.stderr.startswith("gpupool: since: "), typo.stderr
+
+
 def test_following_a_queued_job_says_where_it_waits_then_streams_its_log(hub: Hub) -> None:
     """A trial's ``gpupool logs ID -f`` on a queued job printed nothing at all while it waited."""
     with hub.as_user("me") as me:  # the demo pool's one 1g.10gb slice, held by a job of theirs first
