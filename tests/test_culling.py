@@ -324,6 +324,18 @@ def test_each_cull_is_counted_on_the_metrics_page_by_the_limit_it_reached(cluste
     (culls,) = (f for f in text_string_to_metric_families(page.text) if f.name == "gpupool_culls")
     counted = {s.labels["limit"]: s.value for s in culls.samples if s.name == "gpupool_culls_total"}
     assert counted == {"gpu_idle_timeout": 1, "idle_timeout": 1, "max_lifetime": 1}  # carol stays: busy
+    # and each is kept, to read later: an admin's trial found who was culled, and why, only in the hub's log
+    with cluster.hub.admin() as admin:
+        kept = admin.get(f"{cluster.hub.url}/services/{SERVICE}/api/v1/culls").json()
+    assert sorted((c["user"], c["limit"]) for c in kept) == [
+        ("alice", "gpu_idle_timeout"),
+        ("bob", "max_lifetime"),
+        ("dave", "idle_timeout"),
+    ]
+    assert all(c["reason"] and c["lease_id"] for c in kept), kept
+    with cluster.hub.as_user("dave") as dave:
+        assert [c["user"] for c in dave.get("/culls").json()] == ["dave"]  # a user reads their own
+        assert dave.get("/culls", params={"user": "alice"}).status_code == 403
 
 
 def test_users_read_only_their_own_warnings_and_cannot_record_any(cluster: Cluster) -> None:

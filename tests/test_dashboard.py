@@ -25,6 +25,8 @@ from gpupool.spawner.service.api.page_html import (
     pool_tree,
 )
 from gpupool.spawner.service.api.pages import HeldDevice, held_idle
+from gpupool.spawner.service.leasing.culls import CullWarning
+from gpupool.spawner.service.store.cull_store import CullRecord
 from gpupool.spawner.telemetry.aggregates import Holder, MinuteAggregate
 from gpupool.spawner.telemetry.samples import Sample
 
@@ -182,6 +184,25 @@ def test_the_admin_dashboard_shows_the_pool_tree_heat_map_queue_and_idle_devices
     idle = page[page.index('id="idle"') : page.index('id="queue"')]
     assert re.search(r"2 min at 0% on H100-80GB #\d \(dgx-h100-01\), bob", idle), idle
     assert "alice" in idle  # her MIG slice is idle too
+
+
+def test_the_admin_dashboard_lists_servers_warned_of_culling_and_the_culls_kept(
+    tmp_path: Path, hub_api: str
+) -> None:
+    """An admin's trial found pending warnings only one user at a time, and past culls only in the hub's log."""
+    service = _service(tmp_path, hub_api)
+    now = service.parts.clock()
+    culls = service.parts.culls
+    culls.put(CullWarning("bob", "", service.bob.id, now + 600, "its GPUs have been idle for 30m", now))
+    culls.record(CullRecord(now - 3600, "dave", "", "L9", "gpu_idle_timeout", "its GPUs were idle for 1h"))
+    culls.record(CullRecord(now - 8 * 86400, "erin", "", "L8", "max_lifetime", "it ran for 2d"))  # too old
+    with Client(service.app) as client:
+        page = client.get("", "admin-token").text
+        mine = client.get("?token=alice-token", None).text
+    listed = page[page.index('id="culls"') : page.index("</section>", page.index('id="culls"'))]
+    assert re.search(r"bob&#x27;s server stops at \d\d:\d\d UTC \(in about 10 min\): its GPUs have", listed)
+    assert "dave&#x27;s server culled (gpu_idle_timeout): its GPUs were idle for 1h" in listed
+    assert "erin" not in listed and 'id="culls"' not in mine
 
 
 def test_a_user_sees_only_their_own_page_and_a_token_is_needed(tmp_path: Path, hub_api: str) -> None:

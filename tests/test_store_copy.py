@@ -17,6 +17,7 @@ from gpupool.spawner.pool.leases import LeaseState
 from gpupool.spawner.pool.requests import MigSlice, Request
 from gpupool.spawner.service.leasing.lease_manager import LeaseManager
 from gpupool.spawner.service.store.copy import StoreCopyError, copy_store
+from gpupool.spawner.service.store.cull_store import CullRecord, CullStore
 from gpupool.spawner.service.store.health_store import HealthStore, StoredMark
 from gpupool.spawner.service.store.job_store import JobStore
 from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
@@ -29,7 +30,7 @@ HALF_H100 = Request(4000, 16384, MigSlice("3g.40gb"))  # the demo has two 3g.40g
 
 def _lab_store(path: Path) -> tuple[str, dict[str, LeaseState]]:
     """A lab's SQLite store after a day's use: two granted slices, one request queued behind them, a job and
-    its history, a drained GPU, usage minutes."""
+    its history, a drained GPU, usage minutes, a cull."""
     url = sqlite_url(str(path))
     store = LeaseStore(url)
     try:
@@ -41,6 +42,7 @@ def _lab_store(path: Path) -> tuple[str, dict[str, LeaseState]]:
         JobStore(store.engine).add(job)
         mark = StoredMark("dgx-h100-01", 3, Health.DRAINED, "drained by admin", "admin", 2.0)
         HealthStore(store.engine).add(mark)
+        CullStore(store.engine).add(CullRecord(3.0, "bo", "", "l0", "idle_timeout", "inactive for 1h"))
         with store.engine.begin() as connection:
             connection.execute(MINUTES.insert(), [_minute(m) for m in range(3)])
         return url, {lease.id: lease.state for lease in made}
@@ -64,7 +66,9 @@ def test_a_lab_store_copied_into_postgresql_keeps_every_lease_in_place_and_the_q
     target = postgres.new_database()
     assert main(["store", "copy", "--from", source, "--to", target]) == 0
     said = capsys.readouterr().out
-    assert "copied health marks 1, jobs 1, leases 3, usage minutes 3, job transitions 1" in said, said
+    assert "copied culls 1, health marks 1, jobs 1, leases 3, usage minutes 3, job transitions 1" in said, (
+        said
+    )
     store = LeaseStore(target)
     try:
         leases = LeaseManager(NODES, store)
@@ -99,7 +103,7 @@ def test_a_copy_refuses_a_store_in_use_a_target_with_rows_and_a_bad_url_naming_t
     finally:
         running.release()
     copy_store(source, target)
-    with pytest.raises(StoreCopyError, match=r"^--to: the database already holds 1 row\(s\) in health_marks"):
+    with pytest.raises(StoreCopyError, match=r"^--to: the database already holds 1 row\(s\) in culls"):
         copy_store(source, target)  # a second copy would duplicate or overwrite: refused, nothing written
     store = LeaseStore(target)
     try:

@@ -47,6 +47,7 @@ from .leasing.lease_manager import LeaseManager
 from .leasing.quota_reload import QuotaReload
 from .leasing.reconcile import HubClient, reconcile_forever
 from .settings import ServiceSettings
+from .store.cull_store import CullStore
 from .store.health_store import HealthStore
 from .store.job_store import JobStore
 from .store.lease_store import LeaseStore
@@ -265,7 +266,7 @@ def service_parts(
         auth=Authenticator(hub_auth, settings.service_name, with_system_groups=settings.system_groups),
         telemetry=telemetry,
         usage=usage,
-        culls=Culls(manager),  # the culler records warnings and culls here; pages and metrics read them
+        culls=Culls(manager, CullStore(manager.store.engine)),  # the culler's warnings and culls, kept
         tracker=ActivityTracker(settings.gpu_idle_threshold),
         health=health,
         backend=pool.backend,

@@ -35,6 +35,7 @@ from pydantic import BaseModel, Field
 from ...pool.leases import Lease
 from ...telemetry.activity import ActivityTracker
 from ..leasing.culls import CullLimit, CullWarning
+from ..store.cull_store import CullRecord
 from ..telemetry.telemetry_loop import Telemetry
 from .auth import Caller
 from .context import CallerDep, PartsDep, ServiceParts, manager
@@ -159,7 +160,9 @@ async def post_warning(
 async def post_cull(
     body: CullIn, parts: PartsDep, caller: Annotated[Caller, manager("report culls")]
 ) -> None:
-    parts.culls.counts[body.limit] += 1
+    parts.culls.record(
+        CullRecord(parts.clock(), body.user, body.server, body.lease_id, body.limit, body.reason)
+    )
     log.info("%s/%s (lease %s) culled: %s", body.user, body.server, body.lease_id, body.reason)
 
 
@@ -174,6 +177,24 @@ async def get_warnings(
     elif not caller.sees_everyone:
         user = caller.name
     return [asdict(w) for w in parts.culls.pending(parts.clock(), user)]
+
+
+@router.get("/culls", summary="The culls made since a time: the caller's own, or a user's, or all (admins)")
+async def get_culls(
+    parts: PartsDep,
+    caller: CallerDep,
+    user: Annotated[str | None, Query(description="whose; default the caller's own")] = None,
+    since: Annotated[
+        float | None,
+        Query(allow_inf_nan=False, description="from this time (Unix seconds; default 7 days ago)"),
+    ] = None,
+) -> list[dict[str, Any]]:
+    if user is not None:
+        _may_see(caller, user, "culls")
+    elif not caller.sees_everyone:
+        user = caller.name
+    start = since if since is not None else parts.clock() - 7 * 86400
+    return [asdict(c) for c in parts.culls.since(start, user)]
 
 
 @router.delete(

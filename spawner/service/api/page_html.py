@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import html
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...pool.expected_start import time_and_span, time_of_day
 from ...pool.gpu_equivalents import shares_worth
+from ..leasing.culls import CullWarning
+from ..store.cull_store import CullRecord
 from ..telemetry.host_usage import HostUse
 
 NA = "N/A"
@@ -242,6 +246,31 @@ def idle_list(idle: Iterable[IdleDevice], window_note: str) -> str:
         if items
         else f"<p>No held device is idle ({_e(window_note)}).</p>"
     )
+
+
+def cull_list(
+    warnings: Sequence[CullWarning], culls: Sequence[CullRecord], now: float, shown: int = 20
+) -> str:
+    """The servers warned of culling (when they stop, and why), then the latest culls (the caller gives the last
+    7 days'), newest first."""
+    items = [
+        f'<li class="warned">{_e(_server_of(w.user, w.server))} stops at '
+        f"{_e(time_and_span(w.cull_at, now, time_of_day))}: {_e(w.reason)}</li>"
+        for w in warnings
+    ]
+    items += [
+        f'<li class="culled">{_e(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(c.at)))} '
+        f"{_e(_server_of(c.user, c.server))} culled ({_e(c.limit)}): {_e(c.reason)}</li>"
+        for c in culls[:shown]
+    ]
+    more = f"<p>{len(culls) - shown} more: GET api/v1/culls.</p>" if len(culls) > shown else ""
+    return (
+        f'<ul class="cull-list">{"".join(items)}</ul>{more}' if items else "<p>No warnings, and no culls.</p>"
+    )
+
+
+def _server_of(user: str, server: str) -> str:
+    return f"{user}'s server" + (f" {server}" if server else "")
 
 
 def summary_line(summary: Mapping[str, Any]) -> str:

@@ -51,6 +51,7 @@ from .mig_routes import LIVE_SOURCE, live_advice
 from .page_html import (
     IdleDevice,
     QueuedLease,
+    cull_list,
     device_cell,
     heat_map,
     host_table,
@@ -296,6 +297,9 @@ def _admin_body(parts: ServiceParts, view: _View) -> str:
         + section("Utilisation", heat_map(view.pool, view.latest, phrases), "heat")
         + section(f"Held but idle ({view.note})", idle_list(view.idle, view.note), "idle")
         + section("Queue", queue_table(queue), "queue")
+        + section(
+            "Culls", cull_list(parts.culls.pending(now), parts.culls.since(now - 7 * 86400), now), "culls"
+        )
         + servers_and_jobs(_servers(view, now), _jobs(parts, now), parts.api_base)
         + _host_section(parts, view)
         + _mig_section(parts, view)

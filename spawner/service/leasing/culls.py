@@ -1,8 +1,9 @@
-"""What the idle culler tells the service: the cull warnings it gave, and the culls it made, by limit.
+"""What the idle culler tells the service: the cull warnings it gave, and the culls it made.
 
 Warnings live in memory: a restarted service forgets them, so the culler's hook warns again and the cull
 comes one warning period later, the safe direction. A warning whose lease has been released is dropped when
-read. The cull counts feed ``gpupool_culls_total{limit=…}`` on the metrics page.
+read. Culls are kept in the store (:mod:`..store.cull_store`); their counts by limit feed
+``gpupool_culls_total{limit=…}`` on the metrics page, starting from the stored ones.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from ...pool.leases import LeaseState
+from ..store.cull_store import CullRecord, CullStore
 from ..store.lease_store import LeaseNotFound
 from .lease_manager import LeaseManager
 
@@ -32,11 +34,25 @@ class CullWarning:
 class Culls:
     """Pending cull warnings by (user, server), one per server (the newest wins), and the culls made by limit."""
 
-    def __init__(self, manager: LeaseManager, *, keep_after_cull: float = 600.0) -> None:
+    def __init__(
+        self, manager: LeaseManager, store: CullStore | None = None, *, keep_after_cull: float = 600.0
+    ) -> None:
         self.manager = manager
+        self.store = store
         self.keep_after_cull = keep_after_cull
         self._warnings: dict[tuple[str, str], CullWarning] = {}
-        self.counts: collections.Counter[str] = collections.Counter()  # culls made, by the limit reached
+        # culls made, by the limit reached: every one kept, so a restart does not reset the metric
+        self.counts: collections.Counter[str] = store.counts() if store is not None else collections.Counter()
+
+    def record(self, cull: CullRecord) -> None:
+        """A cull the culler is making now: counted, and kept when there is a store."""
+        self.counts[cull.limit] += 1
+        if self.store is not None:
+            self.store.add(cull)
+
+    def since(self, start: float, user: str | None = None) -> list[CullRecord]:
+        """The culls kept from ``start`` on, newest first (none without a store)."""
+        return self.store.since(start, user) if self.store is not None else []
 
     def put(self, warning: CullWarning) -> None:
         self._warnings[(warning.user, warning.server)] = warning
