@@ -233,9 +233,12 @@ def test_the_pool_tree_names_holders_health_and_never_calls_a_mig_gpu_free() -> 
         | {"free_milli": 1000, "holders": [], "mig": []},
     ]
     node = {"name": "dgx", "health": "healthy", "cpu_milli": 8000, "cpu_free_milli": 4000, "gpus": gpus}
-    tree = pool_tree({"nodes": [node]}, {"L1": "alice"}, {"MIG-1": {"gpu_utilization": 40.0}})
+    board = {"temperature_c": 47.9, "power_w": 359.8, "power_limit_w": 700.0}
+    tree = pool_tree({"nodes": [node]}, {"L1": "alice"}, {"MIG-1": {"gpu_utilization": 40.0}, "GPU-0": board})
     parent, slice_line, broken = re.findall(r'<div class="dev[^"]*"[^>]*>(.*?)</div>', tree)
     assert "split into MIG slices" in parent and "free" not in parent
+    assert "mem N/A · 48 °C · 360/700 W" in parent  # a trial found temperature and power on no page
+    assert "°C" not in slice_line and " W<" not in slice_line
     assert "alice" in slice_line and "util 40%" in slice_line and heat_colour(40.0) in slice_line
     assert "unhealthy" in broken and "util N/A" in broken
     assert "free" not in broken  # a trial read "free unhealthy": out of the pool is not free to anyone

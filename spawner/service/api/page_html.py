@@ -100,6 +100,7 @@ def device_cell(
     memory_text = (
         NA if memory is None else f"{memory / 1024:.1f}" + (f"/{total / 1024:.0f} GiB" if total else " GiB")
     )
+    board = _board(sample) if sample else ""
     # a device out of the pool is not "free" to anyone: its health alone says what it is
     unheld = "free" if health == "healthy" else ""
     holder = (", ".join(holders) if holders else unheld) if leased_whole else "split into MIG slices"
@@ -108,8 +109,18 @@ def device_cell(
         f'<div class="dev{" held" if holders else ""}" title="{_e(uuid)}">'
         f'<span class="sq" style="background:{heat_colour(util)}"></span>'
         f'<b>{_e(label)}</b>{_e(extra)} — <span class="who">{_e(holder)}</span>{state} '
-        f'<span class="m">util {_pct(util)} · mem {memory_text}</span>{controls}</div>'
+        f'<span class="m">util {_pct(util)} · mem {memory_text}{_e(board)}</span>{controls}</div>'
     )
+
+
+def _board(sample: Mapping[str, Any]) -> str:
+    """`` · 48 °C · 360/700 W``: what a GPU's board reads (an admin's trial found them on no page); a MIG
+    slice, whose board is its GPU's, reads neither."""
+    temperature, power, limit = (sample.get(k) for k in ("temperature_c", "power_w", "power_limit_w"))
+    said = [f"{temperature:.0f} °C"] if temperature is not None else []
+    if power is not None:
+        said.append(f"{power:.0f}/{limit:.0f} W" if limit else f"{power:.0f} W")
+    return "".join(f" · {part}" for part in said)
 
 
 Controls = Callable[[str, int | None, str], str]  # (node, GPU index or None, health) -> buttons' HTML
