@@ -28,11 +28,8 @@ REPORT_COMMANDS = ("usage",)
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(list(sys.argv[1:] if argv is None else argv))
     try:
-        if args.command in (
-            *JOB_COMMANDS,
-            *ADMIN_COMMANDS,
-            *REPORT_COMMANDS,
-        ):  # the service's clients fail alike
+        # the service's clients: a refusal is one line and exit status 1, whichever command met it
+        if args.command in (*JOB_COMMANDS, *ADMIN_COMMANDS, *REPORT_COMMANDS):
             code: int = _job_commands().run(args.handler, args)
             return code
         result: int = args.handler(args)

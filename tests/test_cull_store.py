@@ -21,6 +21,9 @@ def test_culls_outlive_a_restart_in_the_list_and_the_counts(tmp_path: Path) -> N
     culls, store = _culls(tmp_path / "gpupool.sqlite")
     culls.record(CullRecord(1000.0, "ada", "", "L1", "gpu_idle_timeout", "its GPUs were idle for 3m"))
     culls.record(CullRecord(2000.0, "grace", "big", "L2", "max_lifetime", "it ran for 1d"))
+    # the hub's stop failed and the next pass orders the same cull again: one cull, not two
+    culls.record(CullRecord(2060.0, "grace", "big", "L2", "max_lifetime", "it ran for 1d"))
+    assert culls.counts == {"gpu_idle_timeout": 1, "max_lifetime": 1}
     store.close()
 
     again, store = _culls(tmp_path / "gpupool.sqlite")

@@ -50,6 +50,16 @@ def test_the_words_give_a_clock_time_and_a_span() -> None:
     )
     assert in_words(30.0, 0.0, lambda t: clock(t) or "") == "expected to start by 14:01 UTC (within a minute)"
     assert in_words(None, 0.0, str).startswith("no expected start yet")
+    spans = [
+        in_words(h * 3600, 0.0, lambda t: "T").removeprefix("expected to start by T ")
+        for h in (12, 23.96, 25, 72)
+    ]
+    assert spans == [
+        "(in about 12 h)",
+        "(in about 1 day)",
+        "(in about 1 day)",
+        "(in about 3 days)",
+    ]  # not "1 days"
 
 
 def test_a_request_cannot_hold_for_zero_seconds() -> None:

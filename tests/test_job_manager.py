@@ -87,6 +87,10 @@ def test_a_users_own_non_zero_exit_fails_the_job_and_is_not_requeued(tmp_path: P
     assert failed.state is JobState.FAILED and failed.exit_code == 7 and failed.attempts == 1
     # a trial's `python no_such_file.py` said only "exited with status 2": its WHY now quotes the error
     assert failed.reason == "the command exited with status 7; its log ends: no such file: data.csv"
+    # coloured, as rich or loguru print it, and followed by a bare colour reset (the review's case)
+    coloured, _ = jobs.submit(user, [], sh(r"printf '\033[31mValueError: bad\033[0m\n\033[0m\n'; exit 3"))
+    until(jobs, lambda: jobs.get(coloured.id).state.finished, "the coloured job to finish")
+    assert jobs.get(coloured.id).reason == "the command exited with status 3; its log ends: ValueError: bad"
 
 
 def test_a_job_whose_home_is_not_writable_fails_saying_so(tmp_path: Path, user: str) -> None:

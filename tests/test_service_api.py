@@ -297,8 +297,12 @@ def test_usage_is_each_users_own_and_admins_see_everyone(hub: Hub) -> None:
         by_date = admin.get("/usage", params={"since": "2026-12-01", "until": "2026-12-08T00:00"})
         by_seconds = admin.get("/usage", params={"since": 1796083200, "until": 1796688000})
         assert by_date.status_code == 200 and by_date.json() == by_seconds.json(), by_date.text
+        a_second_late = admin.get("/usage", params={"since": "2026-12-01T00:00:01", "until": 1796083201})
+        assert a_second_late.status_code == 400, a_second_late.text  # the date is that instant, in UTC
         typo = admin.get("/usage", params={"since": "2026-13-01"})
         assert typo.status_code == 400 and typo.json()["fields"] == ["since"], typo.text
+    with hub.as_user("hub-client") as spawners:  # gpupool up's state-folder token, as for leases
+        assert spawners.get("/usage", params={"user": "alice"}).status_code == 200
 
 
 def test_the_quota_says_what_carol_may_hold_and_what_she_holds(hub: Hub) -> None:

@@ -194,7 +194,10 @@ def test_a_user_whose_quota_is_taken_is_told_to_free_some_of_it_not_to_ask_an_ad
     # with another profile still open, each closed row says how to open it (a trial found only the limit)
     some = choices_for(open_ones, (), False, {}, {}, over_quota={open_ones[0].slug: said})
     row = Page(render_form(some, backend="nvml")).text[open_ones[0].slug]
-    assert said in row and "cancel a job (JobPanel, or gpupool cancel ID) to free it" in row, row
+    assert (
+        said in row
+        and "stop another server, or cancel a job (JobPanel, or gpupool cancel ID), to free it" in row
+    ), row
     never = choices_for(open_ones[:1], (), False, {}, {open_ones[0].slug: "no such GPU"}, over_quota={})
     assert not never[0].quota_full  # a profile that never fits is not waiting on the quota
     # the review: a quota of 0 is not "taken": freeing nothing would open it

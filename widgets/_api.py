@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from spawner.pool.expected_start import time_and_span, time_of_day
     from spawner.pool.gpu_equivalents import shares_worth
     from spawner.pool.job_states import MAX_RETRIES
+    from spawner.printable import printable
 else:
     from gpupool.spawner.client import EXAMPLE_URL, Connection, GpupoolError
     from gpupool.spawner.names import UP_STATE
@@ -20,6 +21,7 @@ else:
     from gpupool.spawner.pool.expected_start import time_and_span, time_of_day
     from gpupool.spawner.pool.gpu_equivalents import shares_worth
     from gpupool.spawner.pool.job_states import MAX_RETRIES
+    from gpupool.spawner.printable import printable
 
 __all__ = [
     "ENV_VAR",
@@ -28,6 +30,7 @@ __all__ = [
     "UP_STATE",
     "Connection",
     "GpupoolError",
+    "printable",
     "shares_worth",
     "time_and_span",
     "time_of_day",

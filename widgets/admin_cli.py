@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._api import Connection, GpupoolError
+from ._api import Connection, GpupoolError, printable
 from .jobs_cli import connect, connection_options, run
 
 __all__ = ["add_admin_commands", "parse_device", "run"]
@@ -72,7 +72,7 @@ def _job(connection: Connection, job_id: str) -> str:
         job = connection.call("GET", f"jobs/{job_id}")
     except GpupoolError:
         return job_id
-    return f"{job_id} ({job['user']}'s {job['name']})"
+    return f"{job_id} ({job['user']}'s {printable(job['name'])})"
 
 
 def _server(connection: Connection, lease_id: str) -> str:

@@ -14,7 +14,16 @@ import sys
 import time
 from typing import Any
 
-from ._api import EXAMPLE_URL, MAX_RETRIES, UP_STATE, Connection, GpupoolError, time_and_span, time_of_day
+from ._api import (
+    EXAMPLE_URL,
+    MAX_RETRIES,
+    UP_STATE,
+    Connection,
+    GpupoolError,
+    printable,
+    time_and_span,
+    time_of_day,
+)
 from .jobs import Job, submit
 
 
@@ -140,8 +149,10 @@ def _jobs(args: argparse.Namespace) -> int:
     for model in models:
         submitted = dt.datetime.fromtimestamp(model["submitted_at"]).strftime("%Y-%m-%d %H:%M")
         state = model["state"] + (f" ({place})" if (place := where_it_stands(model)) else "")
-        who = f"{model['id']}\t{model['user']}\t{model['name']}\t{model['profile']}"
-        print(f"{who}\t{state}\t{submitted}\t{model['reason']}")
+        who = f"{model['id']}\t{model['user']}\t{printable(model['name'])}\t{model['profile']}"
+        print(
+            f"{who}\t{state}\t{submitted}\t{printable(model['reason'])}"
+        )  # a user's words, to your terminal
     return 0
 
 
@@ -159,9 +170,8 @@ def _logs(args: argparse.Namespace) -> int:
 
 def _cancel(args: argparse.Namespace) -> int:
     job = Job(args.job_id, connect(args))
-    if (
-        job.finished
-    ):  # a trial read "… succeeded" after cancelling a finished job, as if the cancel had done it
+    # a trial read "… succeeded" after cancelling a finished job, as if the cancel had done it
+    if job.finished:
         print(f"{args.job_id} had already ended ({job.status}): nothing to cancel")
         return 0
     print(f"{args.job_id}\t{job.cancel()}")

@@ -160,7 +160,7 @@ def render_form(
     return "\n".join(parts)
 
 
-_FREE_QUOTA = "cancel a job (JobPanel, or gpupool cancel ID) to free it"
+_FREE_QUOTA = "stop another server, or cancel a job (JobPanel, or gpupool cancel ID), to free it"
 
 
 def _row(choice: ProfileChoice, checked: bool, *, hint_quota: bool) -> str:

@@ -81,7 +81,8 @@ class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner):  # type: ignore[misc]  #
         help="""Start JupyterLab's terminals as a login shell that puts the server's ``PATH`` back in front
         after the profiles ran (Debian's ``/etc/profile`` replaces it, and with it the server's ``python`` and
         the ``gpupool`` command). False: jupyter-server's own login shell. Left alone when ``args`` already set
-        ``terminado_settings``.""",
+        ``terminado_settings``; being an argument, it overrides ``c.ServerApp.terminado_settings`` in a
+        ``jupyter_server_config.py`` (set this False to keep one).""",
     )
 
     def get_env(self) -> dict[str, str]:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 
-# $0 in the inner command is the server's PATH, passed as its first argument before the profiles run.
+# $0 in the inner command is the server's PATH, passed as its first argument before the profiles run (an empty
+# one adds nothing: an empty entry would search the current folder first).
 _KEEP_PATH = """case "${SHELL##*/}" in
-  bash|sh|dash|zsh|ksh|mksh) exec "$SHELL" -l -c 'PATH="$0:$PATH"; export PATH; exec "$SHELL" -i' "$PATH" ;;
+  bash|sh|dash|zsh|ksh|mksh) exec "$SHELL" -l -c 'PATH="${0:+$0:}$PATH"; export PATH; exec "$SHELL" -i' "$PATH" ;;
 esac
 exec "${SHELL:-/bin/sh}" -l"""
 

@@ -132,13 +132,13 @@ def time_and_span(start: float, now: float, clock: Callable[[float], str]) -> st
     if minutes < 1:
         return f"{clock(start)} (within a minute)"
     hours = minutes / 60
-    span = (
-        f"{minutes:.0f} min"
-        if minutes < 90
-        else f"{_tenths(hours)} h"
-        if hours < 24
-        else f"{_tenths(hours / 24)} days"
-    )
+    if minutes < 90:
+        span = f"{minutes:.0f} min"
+    elif round(hours, 1) < 24:  # 23.96 h is "1 day", not "24 h"
+        span = f"{_tenths(hours)} h"
+    else:
+        days = _tenths(hours / 24)
+        span = f"{days} day" if days == "1" else f"{days} days"
     return f"{clock(start)} (in about {span})"
 
 

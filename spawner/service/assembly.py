@@ -145,7 +145,12 @@ class Service:
             for line in unknown_names((), quotas):
                 log.warning("%s: a misspelling?", line)
         elif self._hub is not None:
-            self._start(warn_of_unknown_groups(self._hub, named_groups((), quotas)), "gpupool-group-names")
+            # the newest file's names only: an earlier edit's check still waiting for the hub is stale
+            name = "gpupool-quota-group-names"
+            for task in [t for t in self._tasks if t.get_name() == name]:
+                task.cancel()
+                self._tasks.remove(task)
+            self._start(warn_of_unknown_groups(self._hub, named_groups((), quotas)), name)
 
     def _admins_files(self) -> tuple[Sequence[Profile], QuotaPolicy | None]:
         """The profiles and quotas the admin wrote: the shipped examples' groups are examples, not typos."""

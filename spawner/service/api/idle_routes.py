@@ -12,13 +12,14 @@ model, so the service answers what only it knows:
 - ``POST {prefix}api/v1/warnings``: the hook records "this server will be culled at T because …" before it
   culls; ``GET {prefix}api/v1/warnings`` lists the pending ones (for ``GpuMonitor`` and the hub's pages);
   ``DELETE {prefix}api/v1/warnings/{user}?server=NAME`` withdraws one when the server is active again.
-- ``POST {prefix}api/v1/culls``: the hook reports the cull itself, with the limit reached; counted in
-  ``gpupool_culls_total{limit=…}`` on the metrics page.
+- ``POST {prefix}api/v1/culls``: the hook reports the cull itself as it orders it, with the limit reached;
+  kept in the store once per lease and counted in ``gpupool_culls_total{limit=…}`` on the metrics page.
+  ``GET {prefix}api/v1/culls?since=&user=&limit=`` lists the kept ones, newest first.
 
 Warnings live in memory: a restarted service forgets them, so the hook warns again and the cull comes one
 warning period later, the safe direction. A warning whose lease has been released is dropped when read.
 
-Who may do what: reading activity and warnings needs a token allowed to see the lease's user (users their
+Who may do what: reading activity, warnings and culls needs a token allowed to see the user (users their
 own, ``custom:gpupool:admin`` and ``custom:gpupool:leases`` everyone's); recording and withdrawing warnings
 and reporting culls needs ``custom:gpupool:admin`` or ``custom:gpupool:leases`` (the culler's role).
 """
@@ -27,6 +28,7 @@ and reporting culls needs ``custom:gpupool:admin`` or ``custom:gpupool:leases`` 
 import asyncio
 import logging
 from dataclasses import asdict
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, status
@@ -39,6 +41,7 @@ from ..store.cull_store import CullRecord
 from ..telemetry.telemetry_loop import Telemetry
 from .auth import Caller
 from .context import CallerDep, PartsDep, ServiceParts, manager
+from .instants import INSTANT, unix_seconds
 
 log = logging.getLogger(__name__)
 
@@ -185,16 +188,16 @@ async def get_culls(
     caller: CallerDep,
     user: Annotated[str | None, Query(description="whose; default the caller's own")] = None,
     since: Annotated[
-        float | None,
-        Query(allow_inf_nan=False, description="from this time (Unix seconds; default 7 days ago)"),
+        datetime | None, Query(description=f"from this time (default 7 days ago): {INSTANT}")
     ] = None,
+    limit: Annotated[int, Query(ge=1, le=5000, description="at most this many, newest first")] = 500,
 ) -> list[dict[str, Any]]:
     if user is not None:
         _may_see(caller, user, "culls")
     elif not caller.sees_everyone:
         user = caller.name
-    start = since if since is not None else parts.clock() - 7 * 86400
-    return [asdict(c) for c in parts.culls.since(start, user)]
+    start = unix_seconds(since) if since is not None else parts.clock() - 7 * 86400
+    return [asdict(c) for c in parts.culls.since(start, user, limit)]
 
 
 @router.delete(

@@ -12,8 +12,7 @@ from typing import Any
 
 from ...pool.expected_start import time_and_span, time_of_day
 from ...pool.gpu_equivalents import shares_worth
-from ..leasing.culls import CullWarning
-from ..store.cull_store import CullRecord
+from ..leasing.culls import Culls
 from ..telemetry.host_usage import HostUse
 
 NA = "N/A"
@@ -259,25 +258,31 @@ def idle_list(idle: Iterable[IdleDevice], window_note: str) -> str:
     )
 
 
-def cull_list(
-    warnings: Sequence[CullWarning], culls: Sequence[CullRecord], now: float, shown: int = 20
-) -> str:
-    """The servers warned of culling (when they stop, and why), then the latest culls (the caller gives the last
-    7 days'), newest first."""
+def cull_list(kept: Culls, now: float, shown: int = 20) -> str:
+    """The servers warned of culling (when they stop, and why), then the latest culls of the last 7 days, newest
+    first; times in the host's zone, as elsewhere on the page."""
+    warnings, culls = kept.pending(now), kept.since(now - 7 * 86400, limit=shown + 1)
     items = [
-        f'<li class="warned">{_e(_server_of(w.user, w.server))} stops at '
-        f"{_e(time_and_span(w.cull_at, now, time_of_day))}: {_e(w.reason)}</li>"
+        f'<li class="warned">{_e(_server_of(w.user, w.server))} {_e(_stops(w.cull_at, now))}: {_e(w.reason)}</li>'
         for w in warnings
     ]
     items += [
-        f'<li class="culled">{_e(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(c.at)))} '
+        f'<li class="culled">{_e(time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(c.at)))} '
         f"{_e(_server_of(c.user, c.server))} culled ({_e(c.limit)}): {_e(c.reason)}</li>"
         for c in culls[:shown]
     ]
-    more = f"<p>{len(culls) - shown} more: GET api/v1/culls.</p>" if len(culls) > shown else ""
+    more = "<p>More in GET api/v1/culls.</p>" if len(culls) > shown else ""
     return (
         f'<ul class="cull-list">{"".join(items)}</ul>{more}' if items else "<p>No warnings, and no culls.</p>"
     )
+
+
+def _stops(cull_at: float, now: float) -> str:
+    """``stops at 14:05 UTC (in about 10 min)``; past that time, ``is due (since 14:05 UTC)``: the culler's next
+    pass stops it."""
+    if cull_at <= now:
+        return f"is due (since {time_of_day(cull_at)})"
+    return f"stops at {time_and_span(cull_at, now, time_of_day)}"
 
 
 def _server_of(user: str, server: str) -> str:

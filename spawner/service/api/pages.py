@@ -297,9 +297,7 @@ def _admin_body(parts: ServiceParts, view: _View) -> str:
         + section("Utilisation", heat_map(view.pool, view.latest, phrases), "heat")
         + section(f"Held but idle ({view.note})", idle_list(view.idle, view.note), "idle")
         + section("Queue", queue_table(queue), "queue")
-        + section(
-            "Culls", cull_list(parts.culls.pending(now), parts.culls.since(now - 7 * 86400), now), "culls"
-        )
+        + section("Culls", cull_list(parts.culls, now), "culls")
         + servers_and_jobs(_servers(view, now), _jobs(parts, now), parts.api_base)
         + _host_section(parts, view)
         + _mig_section(parts, view)

@@ -1,18 +1,20 @@
 """``GET api/v1/usage``: GPU-hours held against GPU-hours used, per user and profile, from the stored minutes.
 
-Users see their own rows; admins (``custom:gpupool:admin``) every user's, or one user's with ``user=``. The
+Users see their own rows; admins (``custom:gpupool:admin``) and the hub's spawners every user's, or one user's
+with ``user=``, as they see every lease. The
 span defaults to the last 30 days; ``since`` and ``until`` are Unix seconds or ISO 8601 dates and times (UTC
 unless they say otherwise), since an admin asking for last week writes ``since=2026-12-01``. This module has no
 ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
 """
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, status
 from pydantic import BaseModel, Field
 
 from .context import CallerDep, PartsDep
+from .instants import INSTANT, unix_seconds
 
 _DAY = 86400.0
 
@@ -28,31 +30,22 @@ class UsageOut(BaseModel):
 
 router = APIRouter()
 
-_INSTANT = (
-    "Unix seconds (1796083200) or an ISO 8601 date or time (2026-12-01, 2026-12-01T09:30); UTC unless it says"
-)
-
-
-def _seconds(moment: datetime) -> float:
-    """Unix seconds of ``moment``; one without a time zone is UTC."""
-    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp()
-
 
 @router.get("/usage", summary="GPU-hours held and used, per user and profile")
 async def get_usage(
     parts: PartsDep,
     caller: CallerDep,
-    since: Annotated[datetime | None, Query(description=f"from this time: {_INSTANT}")] = None,
-    until: Annotated[datetime | None, Query(description=f"to this time: {_INSTANT}")] = None,
+    since: Annotated[datetime | None, Query(description=f"from this time: {INSTANT}")] = None,
+    until: Annotated[datetime | None, Query(description=f"to this time: {INSTANT}")] = None,
     user: str | None = None,
 ) -> list[UsageOut]:
-    if user is not None and user != caller.name and not caller.is_admin:
+    if user is not None and not caller.may_see(user):  # admins and the hub see everyone's, as for leases
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"user: {caller.name} may read only their own usage")
-    end = _seconds(until) if until is not None else parts.clock()
-    start = _seconds(since) if since is not None else end - 30 * _DAY
+    end = unix_seconds(until) if until is not None else parts.clock()
+    start = unix_seconds(since) if since is not None else end - 30 * _DAY
     if start >= end:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, "since: must be before until")
-    who = user if user is not None else (None if caller.is_admin else caller.name)
+    who = user if user is not None else (None if caller.sees_everyone else caller.name)
     return [
         UsageOut(
             user=row.user,

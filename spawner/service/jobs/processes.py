@@ -48,12 +48,13 @@ CHECKPOINTS = "checkpoint"
 # log and the checkpoint directory are private to the user (umask 077 in a subshell only: the command keeps
 # the umask it would have had). After an earlier attempt's output, a line in the log marks where the next
 # attempt begins.
+ATTEMPT_MARK = "----- gpupool: attempt "  # how gpupool's line before a requeued attempt's output begins
 _SCRIPT = (
     "read -r gpupool_gate || :\n"
     '(umask 077 && mkdir -p -- "$1/checkpoint" && : >>"$1/output.log") || exit 125\n'
     'exec >>"$1/output.log" 2>&1 </dev/null\n'
     '[ "$3" = 1 ] || [ ! -s "$1/output.log" ] || '
-    'echo "----- gpupool: attempt $3 of this job starts (it was requeued) -----"\n'
+    f'echo "{ATTEMPT_MARK}$3 of this job starts (it was requeued) -----"\n'
     'cd -- "$2" || exit 126\n'
     "gpupool_dir=$1; gpupool_attempt=$3; shift 3\n"
     '"$@"\n'

@@ -25,6 +25,7 @@ from typing import Protocol
 from ...limits import Limits, job_group, this_host
 from ...pool.job_states import NEVER_STARTED, Job, JobState, StopRequest
 from ...pool.leases import Lease
+from ...printable import printable
 from ...user_accounts import AccountError
 from . import processes
 
@@ -241,15 +242,19 @@ class LocalRunner:
             process.poll()  # reap our own children, so a finished leader is not left a zombie
 
     def _last_line(self, job: Job, tail: int = 4096) -> str:
-        """The log's last non-blank line, printable and at most 200 characters; empty when there is none."""
+        """The last line this attempt wrote that says something once made printable, at most 200 characters;
+        empty when there is none (gpupool's own line that starts a requeued attempt is not the job's)."""
         try:
             size = os.stat(os.path.join(job.job_dir, processes.LOG_NAME)).st_size
         except OSError:
             return ""
         text = self.read_log(job, max(0, size - tail), tail).decode(errors="replace")
-        line = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
-        line = "".join(c for c in line if c.isprintable())
-        return line if len(line) <= 200 else line[:199] + "…"
+        for line in reversed(text.splitlines()):
+            if line.startswith(processes.ATTEMPT_MARK):
+                return ""
+            if said := printable(line).strip():
+                return said if len(said) <= 200 else said[:199] + "…"
+        return ""
 
     def _uid(self, user: str) -> int | None:
         with contextlib.suppress(AccountError):

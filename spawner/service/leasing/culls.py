@@ -45,14 +45,13 @@ class Culls:
         self.counts: collections.Counter[str] = store.counts() if store is not None else collections.Counter()
 
     def record(self, cull: CullRecord) -> None:
-        """A cull the culler is making now: counted, and kept when there is a store."""
-        self.counts[cull.limit] += 1
-        if self.store is not None:
-            self.store.add(cull)
+        """A cull the culler is ordering now: kept when there is a store, and counted, once per lease."""
+        if self.store is None or self.store.add(cull):
+            self.counts[cull.limit] += 1
 
-    def since(self, start: float, user: str | None = None) -> list[CullRecord]:
-        """The culls kept from ``start`` on, newest first (none without a store)."""
-        return self.store.since(start, user) if self.store is not None else []
+    def since(self, start: float, user: str | None = None, limit: int = 500) -> list[CullRecord]:
+        """The culls kept from ``start`` on, newest first, at most ``limit`` (none without a store)."""
+        return self.store.since(start, user, limit) if self.store is not None else []
 
     def put(self, warning: CullWarning) -> None:
         self._warnings[(warning.user, warning.server)] = warning

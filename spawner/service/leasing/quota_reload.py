@@ -61,7 +61,10 @@ class QuotaReload:
         for line in group_limits_above_user(quotas):
             log.warning("%s", line)
         if self.on_new is not None:
-            self.on_new(quotas)
+            try:
+                self.on_new(quotas)
+            except Exception:  # a check of the new file must never stop the next reads of it
+                log.exception("checking the quotas read again from %s", self.path)
         return True
 
     async def run_forever(self, interval: float = 5.0) -> None:

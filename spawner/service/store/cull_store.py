@@ -46,9 +46,16 @@ class CullStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def add(self, record: CullRecord) -> None:
+    def add(self, record: CullRecord) -> bool:
+        """Keep ``record``; False, keeping nothing, when its lease's cull is kept already (the hook reports a
+        cull before the hub stops the server, and reports it again at the next pass if that stop failed)."""
         with self.engine.begin() as connection:
+            if record.lease_id is not None and connection.scalar(
+                select(func.count()).select_from(CULLS).where(CULLS.c.lease_id == record.lease_id)
+            ):
+                return False
             connection.execute(insert(CULLS).values(**vars(record) | {"reason": record.reason[:1000]}))
+        return True
 
     def since(self, start: float, user: str | None = None, limit: int = 500) -> list[CullRecord]:
         """The culls from ``start`` on, newest first, at most ``limit``; ``user``'s alone when given."""
