@@ -251,6 +251,8 @@ def _spawner(user: _User, hub: Hub_, profile: str) -> KubeGPUSpawner:
         oauth_client_id=f"jupyterhub-user-{user.name}",
         image="quay.io/example/gpupool-singleuser:test",
         cmd=SERVER,
+        show_job_folders=False,  # the stand-in server is no JupyterLab: it takes none of its arguments
+        terminals_keep_path=False,
         start_timeout=60,
         http_timeout=30,
     )

@@ -97,7 +97,10 @@ def test_the_profile_list_keeps_a_profile_the_users_quota_refuses_now_saying_so_
 
 def test_a_lease_becomes_the_pods_node_affinity_limits_labels_and_environment() -> None:
     async def leased() -> dict[str, Any]:
-        spawner = _spawner(tolerations=[{"key": "hub.jupyter.org/dedicated", "operator": "Exists"}])
+        spawner = _spawner(
+            tolerations=[{"key": "hub.jupyter.org/dedicated", "operator": "Exists"}],
+            cmd=["jupyterhub-singleuser"],  # Zero to JupyterHub's singleuser.cmd
+        )
         spawner.apply_lease(_lease({"nvidia.com/mig-3g.40gb": 1}))
         return await _pod(spawner)
 
@@ -113,6 +116,10 @@ def test_a_lease_becomes_the_pods_node_affinity_limits_labels_and_environment() 
     assert manifest["metadata"]["labels"]["gpupool.io/lease"] == "lease-1"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["GPUPOOL_LEASE_ID"] == "lease-1" and "CUDA_VISIBLE_DEVICES" not in env
+    # a Kubernetes trial: job folders hidden from JupyterLab, and terminals without the server's PATH
+    argv = [*container.get("command", []), *container.get("args", [])]
+    assert "--ContentsManager.allow_hidden=True" in argv, argv
+    assert any(arg.startswith("--ServerApp.terminado_settings=") for arg in argv), argv
     kubernetes_validate.validate(manifest, "1.30", strict=True)
 
 

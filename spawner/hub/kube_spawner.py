@@ -33,6 +33,7 @@ from ..kube.pods import server_pod_overrides
 from ..pool.environments import ENV_VAR
 from . import form
 from .compat import SpawnException
+from .lab_args import LabArgs
 from .leasing import GpuLeasing
 from .user_options import check_user_options
 
@@ -53,7 +54,7 @@ async def _profile_list(spawner: KubeGPUSpawner) -> list[dict[str, object]]:
     return await spawner.gpupool_profile_list()
 
 
-class KubeGPUSpawner(GpuLeasing, KubeSpawner):  # type: ignore[misc]  # KubeSpawner is untyped
+class KubeGPUSpawner(GpuLeasing, LabArgs, KubeSpawner):  # type: ignore[misc]  # KubeSpawner is untyped
     """A KubeSpawner whose pods run on the node and devices of a gpupool lease; see the module docstring.
 
     Configure the service with ``service_url`` (the gpupool Service's in-cluster address, e.g.

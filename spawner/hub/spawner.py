@@ -39,8 +39,8 @@ from ..system_groups import system_groups as groups_on_host
 from ..user_accounts import AccountError, UserAccount, ensure_user_account, retire_user_account
 from . import form
 from .compat import SpawnException
+from .lab_args import LabArgs
 from .leasing import GpuLeasing
-from .terminal_shell import terminal_shell_arg
 from .user_options import check_user_options
 
 
@@ -49,7 +49,7 @@ async def _render_options_form(spawner: LocalGPUSpawner) -> str:
     return await spawner.render_options_form()
 
 
-class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner):  # type: ignore[misc]  # jupyterhub is untyped
+class LocalGPUSpawner(GpuLeasing, LabArgs, LocalProcessSpawner):  # type: ignore[misc]  # jupyterhub is untyped
     """A local-process spawner that starts each server on the devices of a gpupool lease, in a control group
     with its profile's CPU and memory (:mod:`..limits`, when the hub runs as root).
 
@@ -67,24 +67,6 @@ class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner):  # type: ignore[misc]  #
         so jobs count them too. False: JupyterHub groups only.""",
     )
 
-    show_job_folders = Bool(
-        True,
-        config=True,
-        help="""Let JupyterLab's file browser open hidden folders (``--ContentsManager.allow_hidden``), so a
-        user's job logs and checkpoints under ``~/.gpupool/jobs/<id>/`` show beside their notebooks. Left
-        alone when ``args`` already set ``allow_hidden``.""",
-    )
-
-    terminals_keep_path = Bool(
-        True,
-        config=True,
-        help="""Start JupyterLab's terminals as a login shell that puts the server's ``PATH`` back in front
-        after the profiles ran (Debian's ``/etc/profile`` replaces it, and with it the server's ``python`` and
-        the ``gpupool`` command). False: jupyter-server's own login shell. Left alone when ``args`` already set
-        ``terminado_settings``; being an argument, it overrides ``c.ServerApp.terminado_settings`` in a
-        ``jupyter_server_config.py`` (set this False to keep one).""",
-    )
-
     def get_env(self) -> dict[str, str]:
         """The lease's environment, and the chosen environment's: its ``bin`` first on ``PATH`` (so the server's
         ``jupyterhub-singleuser`` and ``python`` are that environment's) and its slug in
@@ -96,16 +78,6 @@ class LocalGPUSpawner(GpuLeasing, LocalProcessSpawner):  # type: ignore[misc]  #
             if chosen.bin:
                 env["PATH"] = f"{chosen.bin}:{env.get('PATH') or os.environ.get('PATH', '')}"
         return env
-
-    def get_args(self) -> list[str]:
-        """JupyterHub's arguments, with the job folders visible (``show_job_folders``) and the terminals' shell
-        keeping the server's ``PATH`` (``terminals_keep_path``)."""
-        args: list[str] = super().get_args()
-        if self.show_job_folders and not any("allow_hidden" in arg for arg in args):
-            args.append("--ContentsManager.allow_hidden=True")
-        if self.terminals_keep_path and not any("terminado_settings" in arg for arg in args):
-            args.append(terminal_shell_arg())
-        return args
 
     @property
     def user_groups(self) -> list[str]:
