@@ -366,6 +366,24 @@ def test_a_job_whose_pod_the_scheduler_cannot_place_says_why_while_it_has_not_st
     service.run(scenario)
 
 
+def test_the_api_servers_refusal_to_read_a_log_is_no_log_not_the_jobs_output(
+    kube: LocalKube, tmp_path: Path
+) -> None:
+    """A Kubernetes trial's follow() printed {"kind":"Status",…,"code":404} as the job's log: a pod read as it
+    started (or went) answered 404, and the raw answer was kept as if it were the log."""
+    service = Service(kube, tmp_path)
+
+    async def scenario(jobs: JobManager) -> None:
+        logs = jobs.runner.logs  # the Kubernetes runner's
+        gone = [
+            {"metadata": {"name": "gpupool-job-gone-1-abcde", "creationTimestamp": "2026-12-07T00:00:00Z"}}
+        ]
+        await logs.keep("gone", "gpupool-job-gone-1", lambda: gone)  # the real API server: 404, no such pod
+        assert logs.read("gone", "gpupool-job-gone-1", lambda: gone, 0, 1 << 20) == b""
+
+    service.run(scenario)
+
+
 def test_a_job_whose_pod_a_resource_quota_refuses_says_so_then_fails_and_gives_its_gpu_back(
     kube: LocalKube, tmp_path: Path
 ) -> None:

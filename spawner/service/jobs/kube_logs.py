@@ -80,7 +80,12 @@ class JobLogs:
                 limit_bytes=self.limit,
                 _preload_content=False,
             )
-            self._held[job_id] = (name, await response.read(), self._now())
+            body = await response.read()
+            if (
+                not 200 <= response.status <= 299
+            ):  # unread, the client does not raise: the body is the error's
+                raise ApiException(status=response.status, reason=body.decode(errors="replace")[:300])
+            self._held[job_id] = (name, body, self._now())
             self._held.move_to_end(job_id)
             while len(self._held) > ENTRIES:
                 self._held.popitem(last=False)
