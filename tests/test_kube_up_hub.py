@@ -6,6 +6,8 @@ that node in its environment. Stopping the server deletes the pod and releases t
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -96,6 +98,28 @@ def test_a_new_user_reaches_jupyterlab_in_a_pod_on_the_leased_node_with_the_leas
                 f"{late}\n{model}\n{[p.get('status') for p in pods]}\n{up.log_tail()}"
             ) from None
         assert httpx.get(f"{jobs_api}/logs", headers=headers, timeout=10).text.strip() == "trained"
+        # a Kubernetes trial's timed-out job printed nothing at all, as if it had written nothing
+        slow = httpx.post(
+            f"{up.url}/services/gpupool/api/v1/jobs",
+            json={"profile": "cpu", "command": ["sh", "-c", "echo started; sleep 60"], "max_runtime": "3s"},
+            headers=headers,
+            timeout=30,
+        ).json()["id"]
+        slow_api = f"{up.url}/services/gpupool/api/v1/jobs/{slow}"
+        eventually(
+            lambda: httpx.get(slow_api, headers=headers, timeout=10).json()["state"] == "timed-out",
+            "the slow job to time out",
+            timeout_s=120,
+        )
+        token = headers["Authorization"].removeprefix("token ")
+        connection = ["--url", f"{up.url}/services/gpupool/", "--token", token]
+        command = [sys.executable, "-m", "gpupool.spawner.cli", "logs", slow, *connection]
+        said = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert said.returncode == 0, said.stderr
+        if not said.stdout:  # unless the service read the log before the pod went
+            assert (
+                f"no log kept for job {slow}: on Kubernetes a run ended at its maximum runtime" in said.stderr
+            )
 
         stopped = browser.delete("/hub/api/users/demo/server", headers=headers)
         assert stopped.status_code in (202, 204), stopped.text

@@ -10,12 +10,14 @@ import pytest
 from gpupool.spawner.client.leases import Availability
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles
 from gpupool.spawner.hub.form import (
+    FREE_QUOTA,
     ProfileChoice,
     choices_for,
     formdata_from_body,
     from_service,
     limits_text,
     profile_from_form,
+    refusal_text,
     render_form,
     walltime_of,
 )
@@ -198,6 +200,9 @@ def test_a_user_whose_quota_is_taken_is_told_to_free_some_of_it_not_to_ask_an_ad
         said in row
         and "stop another server, or cancel a job (JobPanel, or gpupool cancel ID), to free it" in row
     ), row
+    # a spawn the service refuses for the quota (a REST spawn, or KubeSpawner's form) says the same
+    assert refusal_text(said, "quota_exceeded") == f"{said}; {FREE_QUOTA}"
+    assert refusal_text("only members of training may use h100-x4", "forbidden").endswith("h100-x4")
     never = choices_for(open_ones[:1], (), False, {}, {open_ones[0].slug: "no such GPU"}, over_quota={})
     assert not never[0].quota_full  # a profile that never fits is not waiting on the quota
     # the review: a quota of 0 is not "taken": freeing nothing would open it

@@ -32,7 +32,8 @@ def add_job_commands(commands: Any) -> None:
     sub = commands.add_parser(
         "submit",
         help="submit a training job: gpupool submit --profile h100 -- python train.py",
-        description="Run CMD ARGS… on a profile's devices, as you; prints the job's id.",
+        description="Run CMD ARGS… on a profile's devices, as you; prints the job's id, name and state, "
+        "tab-separated (`gpupool submit … | cut -f1` for the id alone).",
     )
     connection_options(sub)
     sub.add_argument("--profile", required=True, help="the profile's slug (see the spawn form)")
@@ -164,8 +165,16 @@ def _logs(args: argparse.Namespace) -> int:
         state = job.follow()
         print(f"[gpupool: job {job.id} {state}]", file=sys.stderr)
     else:
-        sys.stdout.write(job.logs())
+        text = job.logs()
+        sys.stdout.write(text)
+        model = job.model() if not text else {}
+        if model.get("state") == "timed-out" and model.get("log_path") is None:  # a pod's log, not a file's
+            print(f"[gpupool: no log kept for job {job.id}: {_NO_POD_LOG}]", file=sys.stderr)
     return 0
+
+
+# A Kubernetes trial's timed-out job printed nothing at all, as if it had written nothing.
+_NO_POD_LOG = "on Kubernetes a run ended at its maximum runtime takes its log with its pod (README)"
 
 
 def _cancel(args: argparse.Namespace) -> int:

@@ -160,7 +160,13 @@ def render_form(
     return "\n".join(parts)
 
 
-_FREE_QUOTA = "stop another server, or cancel a job (JobPanel, or gpupool cancel ID), to free it"
+FREE_QUOTA = "stop another server, or cancel a job (JobPanel, or gpupool cancel ID), to free it"
+
+
+def refusal_text(detail: str, code: str) -> str:
+    """The service's refusal of a spawn, with how to open a profile the user's quota closes (a Kubernetes
+    trial's refusal, like KubeSpawner's form, said only the limit)."""
+    return f"{detail}; {FREE_QUOTA}" if code == "quota_exceeded" else detail
 
 
 def _row(choice: ProfileChoice, checked: bool, *, hint_quota: bool) -> str:
@@ -179,7 +185,7 @@ def _row(choice: ProfileChoice, checked: bool, *, hint_quota: bool) -> str:
         summary += f'<span class="gpupool-description">{escape(profile.description)}</span>'
     if choice.blocked_reason is not None:
         reason = (
-            f"{choice.blocked_reason}: {_FREE_QUOTA}"
+            f"{choice.blocked_reason}: {FREE_QUOTA}"
             if choice.quota_full and hint_quota
             else choice.blocked_reason
         )

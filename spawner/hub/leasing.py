@@ -352,7 +352,8 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
     @staticmethod
     def _refused(error: GpupoolError) -> SpawnException:
         status = error.status if error.status in (400, 403, 409) else 503
-        return SpawnException(f"gpupool: {error.detail}", reason=f"gpupool_{error.error}", status_code=status)
+        said = form.refusal_text(error.detail, error.error)
+        return SpawnException(f"gpupool: {said}", reason=f"gpupool_{error.error}", status_code=status)
 
     def unreleased_leases(self) -> list[str]:
         """The current lease and any that :meth:`clear_state` set aside, not yet released."""
