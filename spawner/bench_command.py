@@ -39,6 +39,12 @@ def add_bench_command(commands: Any) -> None:
         help="replicate the cluster and its workload N times, to measure cost as the pool grows (default 1)",
     )
     placement.add_argument(
+        "--learn",
+        action="store_true",
+        help="fgd and gpupool learn the task shapes from the tasks they place, as the service's policy does, "
+        "instead of being given the trace's typical shapes as the paper gives them",
+    )
+    placement.add_argument(
         "--bound",
         action="store_true",
         help="also bound what any placement of the arrived tasks could allocate (an LP solved by HiGHS; "
@@ -54,7 +60,7 @@ def _bench_placement(args: argparse.Namespace) -> int:
     from .bench.trace import load_nodes, load_pods
 
     nodes, pods = load_nodes(args.nodes), load_pods(args.pods)
-    run = run_placement(nodes, pods, args.policy, args.seed, args.inflate, args.scale)
+    run = run_placement(nodes, pods, args.policy, args.seed, args.inflate, args.scale, args.learn)
     bound = _placement_bound(nodes, pods, args) if args.bound else None
     if args.json:
         print(json.dumps({**run.as_dict(), **({"bound": bound.as_dict()} if bound else {})}))

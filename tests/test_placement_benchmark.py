@@ -16,7 +16,7 @@ from builders import gpu, node
 
 from gpupool.spawner.arg_types import seed_list
 from gpupool.spawner.bench.bound import arrived_tasks, placement_bound
-from gpupool.spawner.bench.placement import inflate_workload, run_placement, scale_cluster
+from gpupool.spawner.bench.placement import inflate_workload, run_placement, scale_cluster, start_protocol
 from gpupool.spawner.bench.trace import TraceError, load_nodes, load_pods
 from gpupool.spawner.cli import main
 from gpupool.spawner.pool import policies
@@ -160,6 +160,19 @@ def test_scale_replicates_the_cluster_and_its_workload(capsys: pytest.CaptureFix
     with pytest.raises(SystemExit):
         main([*ON_SAMPLE, "--scale", "0"])
     assert "--scale: must be a whole number of at least 1" in capsys.readouterr().err
+
+
+def test_learn_runs_the_policy_as_the_service_does_from_no_shapes(capsys: pytest.CaptureFixture[str]) -> None:
+    nodes, pods = load_nodes(NODES), load_pods(PODS)
+    given, _, shapes = start_protocol(nodes, pods, "gpupool", 42)
+    assert isinstance(given.policy, FragmentAware) and given.policy.meter.shapes == shapes
+    learning, arrival, _ = start_protocol(nodes, pods, "gpupool", 42, learn=True)
+    assert isinstance(learning.policy, FragmentAware) and learning.policy.meter.shapes == ()
+    for number, pod in enumerate(arrival):
+        learning.place(pod.request, f"pod-{number}")
+    assert learning.policy.meter.shapes, "it learned the mix from what it placed"
+    assert main([*ON_SAMPLE, "--learn", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["placed"] > 0
 
 
 class _EveryNode:

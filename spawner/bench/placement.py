@@ -108,10 +108,13 @@ def start_protocol(
     seed: int,
     inflate: float = 1.3,
     placed_on: list[Node] | None = None,
+    learn: bool = False,
 ) -> tuple[PoolState, list[TracePod], tuple[TaskShape, ...]]:
     """The pool, the arrival and the workload's typical shapes of one run, drawn from ``seed`` in the paper's
     order (arrival, node ranks, the random policy's own seed). ``placed_on`` is the cluster placed onto when it
-    is a variant of ``nodes`` (the MIG benchmark's); capacity, and so the arrival, come from ``nodes``."""
+    is a variant of ``nodes`` (the MIG benchmark's); capacity, and so the arrival, come from ``nodes``.
+    ``learn``: a fragmentation-aware policy learns the shapes from the tasks it places, as in the service,
+    instead of being given the trace's (as the paper gives FGD)."""
     rng = random.Random(seed)
     capacity = sum(len(n.gpus) for n in nodes) * FULL_MILLI
     arrival = inflate_workload(pods, capacity, inflate, rng)
@@ -119,19 +122,26 @@ def start_protocol(
     ranks = rng.sample(range(len(ordered)), len(ordered))
     shapes = typical_shapes(p.request for p in sorted(pods, key=lambda p: p.name))
     chosen = RandomFit(seed=rng.randrange(2**32)) if policy == "random" else policy_by_name(policy)
-    if isinstance(chosen, FragmentAware):
+    if isinstance(chosen, FragmentAware) and not learn:
         chosen.set_workload(shapes)
     return PoolState(ordered, chosen, ranks=ranks, explain_refusals=False), arrival, shapes
 
 
 def run_placement(
-    nodes: list[Node], pods: list[TracePod], policy: str, seed: int, inflate: float = 1.3, scale: int = 1
+    nodes: list[Node],
+    pods: list[TracePod],
+    policy: str,
+    seed: int,
+    inflate: float = 1.3,
+    scale: int = 1,
+    learn: bool = False,
 ) -> PlacementRun:
-    """Run the protocol once and summarise it; ``scale`` replicates the cluster and its workload first."""
+    """Run the protocol once and summarise it; ``scale`` replicates the cluster and its workload first;
+    ``learn`` as for :func:`start_protocol`."""
     began = time.perf_counter()
     nodes, pods = scale_cluster(nodes, pods, scale)
     capacity = sum(len(n.gpus) for n in nodes) * FULL_MILLI
-    state, arrival, shapes = start_protocol(nodes, pods, policy, seed, inflate)
+    state, arrival, shapes = start_protocol(nodes, pods, policy, seed, inflate, learn=learn)
 
     meter = FragmentMeter(shapes)
     node_fragment = [_fragment(meter, ns) for ns in state.nodes]
