@@ -20,13 +20,21 @@ import random
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from operator import attrgetter
 from typing import TYPE_CHECKING, ClassVar
 
 from .devices import FULL_MILLI, GpuMode
 from .feeding import FeedingMeter
-from .fragmentation import FragmentMeter, Tally, TaskShape, gpu_views, shapes_of, tally, typical_shapes
+from .fragmentation import (
+    FragmentMeter,
+    Tally,
+    TaskShape,
+    gpu_views,
+    same_mix,
+    shapes_of,
+    tally,
+    typical_shapes,
+)
 from .mig import profile_memory_gb
 from .model_pressure import PRESSURE_WEIGHT, model_pressure
 from .node_state import NodeState, Option
@@ -223,7 +231,7 @@ class FragmentAware(ScoringPolicy):
         if self._seen_total >= self._next_refresh:
             self._next_refresh *= 2
             shapes = shapes_of(self._seen)
-            if not _same_mix(shapes, self.meter.shapes):
+            if not same_mix(shapes, self.meter.shapes):
                 self.set_shapes(shapes)
 
     def node_fragment(self, node: NodeState, cpu_free: int, memory_free: int, free: list[int]) -> float:
@@ -280,28 +288,6 @@ class FragmentAware(ScoringPolicy):
     @abstractmethod
     def rate(self, node: NodeState, request: Request, option: Option, change: float) -> Score:
         """Turn the fragment change of one option into a comparable score."""
-
-
-MIX_TOLERANCE = 0.1
-"""How far a learned mix may move (the sum of its shapes' weight changes) before the policy re-reads it.
-
-Re-reading empties the memoised fragments, so the decisions after it are slow. Once a mix has settled, each
-doubling of the count moves its weights by a few percent and swaps a few of its rarest shapes: re-reading
-that bought nothing. On the default workload the worst decision p99 of seeds 42–51 was 3.6 ms re-reading at
-every doubling and 2.6 ms with this tolerance, at the same allocation (``benchmarks/learned_mix.py``). A mix of
-a hundred-odd shapes moves more (0.16–0.22 a doubling on gpuspec33); 0.4 spared those reads too, but kept early
-mixes that later counts would have corrected (−0.08 on default), so the tolerance stays low.
-"""
-
-
-def _same_mix(new: Sequence[TaskShape], old: Sequence[TaskShape]) -> bool:
-    """Whether ``new`` weighs the shapes as ``old`` does, to within :data:`MIX_TOLERANCE` in all."""
-    weights: dict[TaskShape, float] = {}
-    for sign, shapes in ((-1, old), (1, new)):
-        for shape in shapes:
-            unweighted = replace(shape, weight=1.0)
-            weights[unweighted] = weights.get(unweighted, 0.0) + sign * shape.weight
-    return sum(abs(change) for change in weights.values()) <= MIX_TOLERANCE
 
 
 def _distinct_shares(node: NodeState, request: Request, options: list[Option]) -> list[Option]:
