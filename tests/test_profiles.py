@@ -208,6 +208,10 @@ def test_an_unknown_slug_lists_the_valid_ones() -> None:
     assert str(caught.value) == "unknown profile 'h200'; choose one of cpu, h100-whole, mig-3g"
     with pytest.raises(UnknownProfile, match="no profiles are configured"):
         find_profile((), "cpu")
+    with pytest.raises(UnknownProfile, match=r"choose one of cpu$"):
+        find_profile(profiles, "h200", offered=[profiles[1]])  # what the caller may use, no more
+    with pytest.raises(UnknownProfile, match=r"none \(no profile is open to you\)"):
+        find_profile(profiles, "h200", offered=[])
 
 
 # ---- durations -----------------------------------------------------------------------------------------

@@ -231,15 +231,21 @@ def test_a_quota_from_the_quotas_file_refuses_with_the_limit_named(hub: Hub) -> 
         _new_lease(hub, "carol", "mig-3g")  # with the first one given back, the second fits the quota
 
 
-def test_an_unknown_profile_is_a_400_listing_the_slugs(hub: Hub) -> None:
+def test_an_unknown_profile_is_a_400_listing_the_slugs_the_user_may_use(hub: Hub) -> None:
+    lease = {"profile": "nope", "owner_kind": "server", "owner_name": ""}
     with hub.as_user("hub-client") as spawner:
-        response = spawner.post(
-            "/leases", json={"profile": "nope", "owner_kind": "server", "owner_name": "", "user": "alice"}
-        )
+        response = spawner.post("/leases", json=lease | {"user": "alice"})
+        for_a_trainer = spawner.post("/leases", json=lease | {"user": "tess", "groups": ["training"]})
+    with hub.as_user("alice") as alice:
+        submitted = alice.post("/jobs", json={"profile": "nope", "command": ["true"]})
     assert response.status_code == 400
     body = response.json()
     assert body["error"] == "unknown_profile" and body["fields"] == ["profile"]
     assert "mig-3g" in body["detail"] and "cpu" in body["detail"]
+    # h100-x4 is the training group's: alice is offered only what she could use (it listed every profile)
+    assert "h100-x4" not in body["detail"] and "h100-x4" not in submitted.json()["detail"], submitted.text
+    assert submitted.status_code == 400 and "mig-3g" in submitted.json()["detail"]
+    assert for_a_trainer.status_code == 400 and "h100-x4" in for_a_trainer.json()["detail"]
 
 
 def test_a_bad_body_names_the_field(hub: Hub) -> None:

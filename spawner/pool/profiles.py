@@ -126,12 +126,17 @@ class Profile:
         return is_admin or not self.groups or not self.groups.isdisjoint(user_groups)
 
 
-def find_profile(profiles: Sequence[Profile], slug: str) -> Profile:
-    """The profile called ``slug``; raises :class:`UnknownProfile` listing the valid slugs."""
+def find_profile(profiles: Sequence[Profile], slug: str, offered: Sequence[Profile] | None = None) -> Profile:
+    """The profile called ``slug``; raises :class:`UnknownProfile` listing the slugs ``offered`` (every one of
+    ``profiles`` unless given: a caller's error lists only what that caller may use)."""
     for profile in profiles:
         if profile.slug == slug:
             return profile
-    valid = ", ".join(sorted(p.slug for p in profiles)) or "none (no profiles are configured)"
+    listed = profiles if offered is None else offered
+    if listed:
+        valid = ", ".join(sorted(p.slug for p in listed))
+    else:
+        valid = "none (no profile is open to you)" if profiles else "none (no profiles are configured)"
     raise UnknownProfile(f"unknown profile {slug!r}; choose one of {valid}")
 
 

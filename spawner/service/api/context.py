@@ -17,7 +17,7 @@ from fastapi import Depends, Header, HTTPException, Request, status
 from ...limits import job_group, server_group
 from ...names import API_PATH
 from ...pool.leases import Lease, LeaseState
-from ...pool.profiles import Profile, fits_pool
+from ...pool.profiles import Profile, find_profile, fits_pool
 from ...telemetry.activity import ActivityTracker
 from ..jobs.job_manager import JobManager
 from ..leasing.culls import Culls
@@ -112,6 +112,16 @@ def require_manager(caller: Caller, what: str) -> None:
             status.HTTP_403_FORBIDDEN,
             f"{caller.kind} {caller.name} may not {what}: they need custom:gpupool:admin or custom:gpupool:leases",
         )
+
+
+def usable_profile(profiles: Sequence[Profile], slug: str, groups: Iterable[str], admin: bool) -> Profile:
+    """The profile ``slug`` if a user of ``groups`` (a hub admin if ``admin``) may use it: 400 listing only
+    the profiles they may use when there is none of that name, 403 naming the groups when it is closed."""
+    groups = frozenset(groups)
+    open_to_them = [profile for profile in profiles if profile.visible_to(groups, admin)]
+    profile = find_profile(profiles, slug, offered=open_to_them)
+    require_may_use(profile, groups, admin)
+    return profile
 
 
 def require_may_use(profile: Profile, groups: Iterable[str], admin: bool) -> None:

@@ -17,14 +17,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from ...pool.job_states import Job, JobState
 from ...pool.preemption import PREEMPTED
-from ...pool.profiles import find_profile
 from ...user_accounts import AccountError
 from ..jobs.job_manager import JobManager
 from ..jobs.runner import NoHome
 from ..jobs.submission import InvalidJob, Submission, SubmissionConflict, TooManyQueuedJobs
 from ..store.job_store import JobNotFound
 from .auth import Caller
-from .context import CallerDep, PartsDep, require_may_use
+from .context import CallerDep, PartsDep, usable_profile
 from .job_models import JobOut, JobRequest
 from .models import Problem
 
@@ -68,8 +67,7 @@ async def post_job(body: JobRequest, parts: PartsDep, caller: CallerDep, respons
             "jobs run as a user; submit with a user's token (in their notebook it is already set; else the "
             "user makes one on the hub's token page, /hub/token, for JUPYTERHUB_API_TOKEN)",
         )
-    profile = find_profile(jobs.profiles, body.profile)
-    require_may_use(profile, caller.groups, caller.uses_every_profile)
+    usable_profile(jobs.profiles, body.profile, caller.groups, caller.uses_every_profile)  # else 400 or 403
     ask = Submission(
         profile=body.profile,
         command=body.command,

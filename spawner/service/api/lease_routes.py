@@ -16,12 +16,11 @@ from ...inventory import describe_pool
 from ...kube.resources import kube_grant
 from ...pool.environments import UnknownEnvironment
 from ...pool.leases import Lease, LeaseState
-from ...pool.profiles import find_profile
 from ...pool.quotas import standing, standing_in_words, usage
 from ...pool.requests import Request
 from ..leasing.lease_manager import LeaseManager
 from .auth import Caller
-from .context import CallerDep, PartsDep, ServiceParts, require_may_use
+from .context import CallerDep, PartsDep, ServiceParts, usable_profile
 from .models import KubePlacement, LeaseOut, LeaseRequest, ProfileOut, QuotaLimitOut, QuotaOut, ResourcesOut
 
 ANOTHER_USER = "another user"
@@ -156,10 +155,9 @@ async def post_lease(
     if body.user is None:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, "user: name the user whose server the lease is for")
     groups = frozenset(body.groups or ())
-    profile = find_profile(parts.profiles, body.profile)
     # the spawner vouches for the user's groups and admin flag
     admin = body.admin or caller.uses_every_profile
-    require_may_use(profile, groups, admin)
+    profile = usable_profile(parts.profiles, body.profile, groups, admin)
     if (
         body.walltime is not None
         and profile.max_lifetime is not None
