@@ -87,7 +87,7 @@ def test_typical_shapes_carry_the_median_memory_of_their_tasks() -> None:
 
 def test_a_policy_learning_online_weighs_the_shapes_the_benchmark_measured_it_with() -> None:
     # The service never hands the policy a workload: it learns one from what it places. The benchmark gives the
-    # trace's typical shapes (95% of tasks); learning every shape, down to one task in a hundred, allocated
+    # trace's typical shapes (95% of tasks); learning every shape, down to one task in 64 as here, allocated
     # less on the trace than the table said.
     common = Request(cpu_milli=8000, memory_mib=16_384, gpu=WholeGpus(1))
     rare = Request(cpu_milli=120_000, memory_mib=16_384, gpu=WholeGpus(8))
