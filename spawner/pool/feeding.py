@@ -14,6 +14,8 @@ model-constrained ones; it refuses some rare very large tasks earlier (README).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
 
 from .fragmentation import GpuView, TaskShape, serves_kind
 
@@ -36,6 +38,10 @@ class FeedingMeter:
         self._table = [
             (s.cpu_milli, s.memory_mib, s.gpu_milli, s.gpu_count, s.products, s.weight) for s in self.shapes
         ]
+        # Many shapes differ only in the GPU models they accept (a hundred-odd on the model-constrained
+        # workloads), so what CPU and memory feed is worked out once per distinct (CPU, memory) need.
+        self._needs = sorted({(s.cpu_milli, s.memory_mib) for s in self.shapes})
+        self._need_of = [self._needs.index((s.cpu_milli, s.memory_mib)) for s in self.shapes]
         self._memo: dict[tuple[object, ...], float] = {}
         self._fed_memo: dict[tuple[int, int, int], tuple[int, ...]] = {}
 
@@ -61,15 +67,17 @@ class FeedingMeter:
         key = (cpu_free, memory_free, limit)
         fed = self._fed_memo.get(key)
         if fed is None:
-            fed = self._fed_memo[key] = tuple(
-                min(_tasks(cpu_free, memory_free, cpu, memory), limit) for cpu, memory, *_ in self._table
-            )
+            per_need = [min(_tasks(cpu_free, memory_free, cpu, memory), limit) for cpu, memory in self._needs]
+            fed = self._fed_memo[key] = tuple(per_need[need] for need in self._need_of)
             if len(self._fed_memo) > 500_000:
                 self._fed_memo.clear()
         return fed
 
     def _compute(self, fed: Sequence[int], fresh: Sequence[int], gpus: Sequence[GpuView]) -> float:
         total = sum(free for _, free, _ in gpus)
+        models = {product for product, _, _ in gpus}
+        none_serve = _GpuFit(0, float(total), (0,))  # for the shapes wanting models this node lacks
+        fits: dict[tuple[int, frozenset[str]], _GpuFit] = {}  # shapes asking the same of a GPU share one
         expected = 0.0
         for (_, _, gpu_milli, gpu_count, products, weight), tasks, fresh_tasks in zip(
             self._table, fed, fresh, strict=True
@@ -77,26 +85,45 @@ class FeedingMeter:
             if gpu_count == 0 or tasks == 0:
                 expected += weight * total
                 continue
-            usable: list[int] = []
-            fragment = 0.0
-            right_kind = 0
-            for product, free, shareable in gpus:
-                if serves_kind(product, shareable, gpu_milli, products):
-                    right_kind += 1
-                    if free >= gpu_milli:
-                        usable.append(free)
-                        continue
-                fragment += free
-            if len(usable) < gpu_count:
+            fit = fits.get((gpu_milli, products))
+            if fit is None and products and products.isdisjoint(models):
+                fit = none_serve
+            elif fit is None:
+                fit = fits[(gpu_milli, products)] = _GpuFit.of(gpus, gpu_milli, products)
+            usable = len(fit.usable_below) - 1
+            if usable < gpu_count:
                 expected += weight * total
                 continue
-            never_fed = max(0, right_kind - fresh_tasks * gpu_count)
-            unfed = len(usable) - tasks * gpu_count - never_fed
+            never_fed = max(0, fit.right_kind - fresh_tasks * gpu_count)
+            unfed = usable - tasks * gpu_count - never_fed
+            fragment = fit.fragment
             if unfed > 0:
-                usable.sort()
-                fragment += self.unfed_weight * sum(usable[:unfed])
+                fragment += self.unfed_weight * fit.usable_below[unfed]
             expected += weight * fragment
         return expected
+
+
+@dataclass(frozen=True)
+class _GpuFit:
+    """How a node's GPUs meet one per-GPU need: those of the right kind, and what the usable ones hold free."""
+
+    right_kind: int  # GPUs whose model and mode could serve the need
+    fragment: float  # free milli on GPUs that cannot serve it now
+    usable_below: tuple[int, ...]  # usable_below[k]: free milli of the k usable GPUs with least free
+
+    @classmethod
+    def of(cls, gpus: Sequence[GpuView], gpu_milli: int, products: frozenset[str]) -> _GpuFit:
+        usable: list[int] = []
+        fragment = 0.0
+        right_kind = 0
+        for product, free, shareable in gpus:
+            if serves_kind(product, shareable, gpu_milli, products):
+                right_kind += 1
+                if free >= gpu_milli:
+                    usable.append(free)
+                    continue
+            fragment += free
+        return cls(right_kind, fragment, tuple(accumulate(sorted(usable), initial=0)))
 
 
 def _tasks(cpu_free: int, memory_free: int, cpu: int, memory: int) -> int:
