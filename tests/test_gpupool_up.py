@@ -300,6 +300,46 @@ def test_ctrl_c_as_soon_as_the_login_page_answers_leaves_no_proxy_behind(start: 
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.parametrize("moment", ["in its imports", "after its first line"])
+def test_ctrl_c_while_gpupool_up_starts_ends_it_in_one_line(start: tuple[Path, int], moment: str) -> None:
+    """A Ctrl-C before the hub is up (``make run`` started in the wrong folder, say) printed a traceback of
+    30–50 lines from wherever start-up was: JupyterHub's imports, the users' environment, JupyterHub's start."""
+    tmp, port = start
+    log = tmp / "up.log"
+    command = Path(sys.executable).with_name("gpupool")  # the installed command, as a user runs it
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                str(command),
+                "up",
+                "--port",
+                str(port),
+                "--pool",
+                str(DEMO_POOL),
+                "--state-dir",
+                str(tmp / "st"),
+            ],
+            cwd=tmp,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal leaves it
+        )
+    try:
+        deadline = time.monotonic() + (60 if moment == "after its first line" else 0.3)
+        while time.monotonic() < deadline and not (moment == "after its first line" and log.stat().st_size):
+            time.sleep(0.02)
+        os.killpg(process.pid, signal.SIGINT)  # as Ctrl-C does: to the terminal's whole foreground group
+        code = process.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    output = log.read_text(errors="replace")
+    assert "Traceback" not in output, output
+    # JupyterHub answers a Ctrl-C itself once its signal handlers are in: then it stops as it always does
+    assert (code, output.splitlines()[-1]) == (130, "gpupool: interrupted (Ctrl-C)") or code == 0, output
+
+
 def test_a_restart_keeps_the_password_and_both_databases(start: tuple[Path, int]) -> None:
     tmp, port = start
     state = tmp / "state"
