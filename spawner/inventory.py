@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .pool.devices import FULL_MILLI, GpuMode
+from .pool.devices import FULL_MILLI, GpuMode, pool_is_simulated
 from .pool.gpu_equivalents import shares_worth
 from .pool.state import PoolState
 
@@ -14,8 +14,9 @@ from .pool.state import PoolState
 def describe_pool(
     state: PoolState, backend: str, source: str, shown: Callable[[str], str] = str
 ) -> dict[str, Any]:
-    """A JSON-ready inventory of ``state``; ``backend`` is "simulated" or "nvml" and always shown. ``shown``
-    turns each holder (a lease id) into what the reader may see of it."""
+    """A JSON-ready inventory of ``state``; ``backend`` ("simulated", "nvml" or "kubernetes") is always shown,
+    and ``simulated`` says whether the pool, and each node, is made up. ``shown`` turns each holder (a lease
+    id) into what the reader may see of it."""
     nodes = []
     holders_by_device: dict[str, list[str]] = {}
     for allocation in state.allocations.values():
@@ -54,6 +55,7 @@ def describe_pool(
         nodes.append(
             {
                 "name": ns.node.name,
+                "simulated": ns.node.simulated,
                 "health": ns.health.value,
                 "labels": dict(ns.node.labels),
                 "cpu_milli": ns.node.cpu_milli,
@@ -63,7 +65,14 @@ def describe_pool(
                 "gpus": gpus,
             }
         )
-    return {"backend": backend, "source": source, "summary": _summary(nodes), "nodes": nodes}
+    simulated = pool_is_simulated(ns.node for ns in state.nodes)
+    return {
+        "backend": backend,
+        "simulated": simulated,
+        "source": source,
+        "summary": _summary(nodes),
+        "nodes": nodes,
+    }
 
 
 def _summary(nodes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -97,7 +106,10 @@ def render_pool(description: dict[str, Any], holders: Mapping[str, str] | None =
         return "held by " + ", ".join(named.get(i, i) for i in ids)
 
     summary = description["summary"]
-    lines = [f"Pool from {description['source']} ({description['backend']})"]
+    kind = description["backend"]
+    if description.get("simulated") and kind != "simulated":  # gpupool kube up's nodes
+        kind += ", simulated: not real GPUs"
+    lines = [f"Pool from {description['source']} ({kind})"]
     mig = ", ".join(f"{p} ×{n}" for p, n in summary["mig_slices_free"].items()) or "none"
     lines.append(
         f"{_count(summary['nodes'], 'node')}, {_count(summary['gpus'], 'GPU')}. Free now: "
@@ -109,8 +121,10 @@ def render_pool(description: dict[str, Any], holders: Mapping[str, str] | None =
         lines.append(f"Out of the pool (unhealthy or drained): {', '.join(summary['unhealthy'])}")
     for node in description["nodes"]:
         lines.append("")
+        made_up = "  simulated" if node.get("simulated") else ""
         lines.append(
-            f"{node['name']}  [{node['health']}]  CPU {node['cpu_free_milli'] / 1000:g}/{node['cpu_milli'] / 1000:g} "
+            f"{node['name']}  [{node['health']}]{made_up}  CPU "
+            f"{node['cpu_free_milli'] / 1000:g}/{node['cpu_milli'] / 1000:g} "
             f"free  memory {node['memory_free_mib'] / 1024:g}/{node['memory_mib'] / 1024:g} GiB free"
         )
         for gpu in node["gpus"]:

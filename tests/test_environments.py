@@ -37,7 +37,7 @@ def profile_with(environments: str) -> object:
 
 
 def test_the_form_offers_each_profiles_environments_and_reads_back_the_chosen_profiles_one() -> None:
-    html = render_form([ProfileChoice(p, 1, 0) for p in PROFILES], backend="simulated")
+    html = render_form([ProfileChoice(p, 1, 0) for p in PROFILES], simulated=True)
     assert '<select name="environment-a100-pair"' in html
     assert "Code built for CUDA 12.4 (needs CUDA 12.4)" in html
     chosen = _profile_from_formdata(

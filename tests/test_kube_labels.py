@@ -8,14 +8,16 @@ import copy
 from typing import Any
 
 import pytest
-from kube_cluster import load_fixture
+from kube_cluster import l4_node, load_fixture
 
+from gpupool.spawner.inventory import describe_pool, render_pool
 from gpupool.spawner.kube.gfd import NodeLabelError
 from gpupool.spawner.kube.labels import node_problem, parse_node
+from gpupool.spawner.kube.local.nodes import node_object, node_resources
 from gpupool.spawner.kube.mig_layout import lay_out
 from gpupool.spawner.kube.pod_usage import external_usage
 from gpupool.spawner.kube.resources import kube_grant, outside_use
-from gpupool.spawner.pool.devices import GpuMode
+from gpupool.spawner.pool.devices import GpuMode, pool_is_simulated
 from gpupool.spawner.pool.mig import Placement, geometry, layout_problem
 from gpupool.spawner.pool.requests import GpuShare, MigSlice, Request, WholeGpus
 from gpupool.spawner.pool.state import Allocation, OutsideUse, PoolState
@@ -55,6 +57,23 @@ def test_the_mixed_h100_node_keeps_six_whole_gpus_and_lays_its_mig_counts_out_le
     assert sorted(m.profile for m in instances) == ["1g.10gb"] * 2 + ["2g.20gb"] + ["3g.40gb"] * 3
     _legal(node)
     assert parse_node(H100).node == node  # the same labels give the same UUIDs: leases survive restarts
+
+
+def test_only_the_nodes_gpupool_kube_up_registers_are_listed_as_simulated() -> None:
+    """A trial of the Kubernetes demo took its simulated H100s for real ones. gpupool's kubelet marks its nodes
+    (``gpupool.io/simulated=true``); a real cluster's, as GPU Feature Discovery labels them, lack the mark."""
+    real = [parse_node(H100).node, parse_node(A100).node]
+    assert not any(node.simulated for node in real) and not pool_is_simulated(real)
+    pooled = l4_node("l4-sim")  # a pool file's node, as gpupool kube up registers it
+    registered = node_object(pooled) | {"status": {"allocatable": node_resources(pooled)}}
+    stand_in = parse_node(registered).node
+    assert stand_in.simulated and stand_in.labels["gpupool.io/backend"] == "kubernetes"
+    listed = render_pool(describe_pool(PoolState([*real, stand_in]), "kubernetes", "Kubernetes API"))
+    assert listed.startswith("Pool from Kubernetes API (kubernetes, simulated: not real GPUs)\n"), listed
+    node_lines = {line.split()[0]: line for line in listed.splitlines() if "  CPU " in line}
+    assert "  simulated  " in node_lines["l4-sim"], node_lines
+    assert "simulated" not in node_lines["dgx-h100-01"] + node_lines["gpu-a100-01"], node_lines
+    assert "simulated" not in render_pool(describe_pool(PoolState(real), "kubernetes", "Kubernetes API"))
 
 
 def test_all_balanced_on_every_gpu_gives_every_gpu_the_same_layout() -> None:

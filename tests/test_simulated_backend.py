@@ -15,7 +15,7 @@ from gpupool.spawner.backends.simulated import (
     load_pool_file,
     parse_pool,
 )
-from gpupool.spawner.pool.devices import GpuMode, Health, Node
+from gpupool.spawner.pool.devices import SIMULATED_LABEL, GpuMode, Health, Node, pool_is_simulated
 from gpupool.spawner.pool.mig import GEOMETRIES, Placement, layout_problem
 from gpupool.spawner.pool.requests import GpuShare, MigSlice, Request, WholeGpus
 from gpupool.spawner.pool.state import Allocation, PoolState
@@ -60,7 +60,9 @@ def test_demo_pool_ships_inside_the_package_and_holds_a_mixed_pool() -> None:
 
 
 def test_every_demo_node_says_it_is_simulated() -> None:
-    assert all(node.labels[BACKEND_LABEL] == "simulated" for node in load_pool_file(DEMO_POOL))
+    nodes = load_pool_file(DEMO_POOL)
+    assert all(node.labels[BACKEND_LABEL] == "simulated" and node.simulated for node in nodes)
+    assert pool_is_simulated(nodes)
 
 
 def test_demo_pool_places_a_whole_h100_a_3g_slice_an_l4_share_and_cpu_only_work() -> None:
@@ -152,7 +154,7 @@ def test_cpu_memory_labels_and_health_are_read_in_every_documented_form() -> Non
     a100, t4, cpu = nodes["a100-80-01"], nodes["t4-01.example.org"], nodes["cpu-01"]
     assert (a100.cpu_milli, a100.memory_mib) == (16500, 131072)
     assert (t4.memory_mib, cpu.memory_mib) == (32768, 16384)
-    assert a100.labels == {"zone": "1", "spot": "true", BACKEND_LABEL: "simulated"}
+    assert a100.labels == {"zone": "1", "spot": "true", BACKEND_LABEL: "simulated", SIMULATED_LABEL: "true"}
     assert t4.health is Health.DRAINED and cpu.health is Health.HEALTHY
 
 
@@ -355,6 +357,7 @@ def test_bad_mig_and_sharing_layouts_are_explained(extra: str, expected: str) ->
         (NODE + "    health: sick\n", "health must be one of healthy, unhealthy, drained, got 'sick'"),
         (NODE + "    labels: [a]\n", "node gpu-a: labels must be a mapping"),
         (NODE + f"    labels: {{{BACKEND_LABEL}: real}}\n", "is set by the simulated backend"),
+        (NODE + f"    labels: {{{SIMULATED_LABEL}: 'false'}}\n", "is set by the simulated backend"),
         (NODE + "    gpus: {count: 2}\n", "node gpu-a: missing required field 'gpus.product'"),
         (NODE + "    gpus: {product: T4, count: 0}\n", "gpus.count must be a whole number from 1 to 64, got 0"),
         (NODE + "    gpus: {product: T4, count: 1000000}\n", "gpus.count must be a whole number from 1 to 64"),
@@ -365,7 +368,7 @@ def test_bad_mig_and_sharing_layouts_are_explained(extra: str, expected: str) ->
     ],
     ids=[
         "bad-name", "no-cpu", "cpu-text", "cpu-bool", "memory-unit", "health", "labels", "reserved-label",
-        "no-product", "zero-gpus", "a-million-gpus", "float-driver", "nvlink-twice", "mig-without-gpus", "node-not-mapping",
+        "simulated-label", "no-product", "zero-gpus", "a-million-gpus", "float-driver", "nvlink-twice", "mig-without-gpus", "node-not-mapping",
     ],
 )  # fmt: skip
 def test_other_field_mistakes_are_named(text: str, expected: str) -> None:

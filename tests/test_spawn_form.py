@@ -86,8 +86,8 @@ def choices(
     return choices_for(PROFILES, groups, is_admin, availability or {}, never_fits or {})
 
 
-def page(choice_list: list[ProfileChoice], backend: str = "nvml") -> Page:
-    return Page(render_form(choice_list, backend=backend))
+def page(choice_list: list[ProfileChoice], simulated: bool = False) -> Page:
+    return Page(render_form(choice_list, simulated=simulated))
 
 
 # ---- which profiles, and who may use them ------------------------------------------------------------
@@ -178,9 +178,9 @@ def test_the_first_usable_profile_is_checked_when_the_default_is_blocked() -> No
 
 def test_a_user_with_no_usable_profile_gets_no_radio_and_a_sentence() -> None:
     (only,) = [p for p in PROFILES if p.slug == "h100-x4"]
-    form = Page(render_form(choices_for([only], (), False, {}, {}), backend="nvml"))
+    form = Page(render_form(choices_for([only], (), False, {}, {}), simulated=False))
     assert form.radios == [] and "only members of training" in form.text["h100-x4"].lower()
-    assert "ask an administrator" in render_form(choices_for([only], (), False, {}, {}), backend="nvml")
+    assert "ask an administrator" in render_form(choices_for([only], (), False, {}, {}), simulated=False)
 
 
 def test_a_user_whose_quota_is_taken_is_told_to_free_some_of_it_not_to_ask_an_administrator() -> None:
@@ -189,13 +189,13 @@ def test_a_user_whose_quota_is_taken_is_told_to_free_some_of_it_not_to_ask_an_ad
     said = "stu1's quota allows 1 MIG slice at once; 1 is held or queued and 1 more was asked for"
     open_ones = [p for p in PROFILES if not p.groups]
     full = choices_for(open_ones, (), False, {}, {}, over_quota={p.slug: said for p in open_ones})
-    html = render_form(full, backend="nvml")
+    html = render_form(full, simulated=False)
     assert all(c.quota_full and not c.usable for c in full) and Page(html).radios == []
     assert "Your quota is taken by your other servers and jobs" in html and "administrator" not in html
     assert html.count(said.replace("'", "&#x27;")) == len(open_ones)  # each closed row says the limit
     # with another profile still open, each closed row says how to open it (a trial found only the limit)
     some = choices_for(open_ones, (), False, {}, {}, over_quota={open_ones[0].slug: said})
-    row = Page(render_form(some, backend="nvml")).text[open_ones[0].slug]
+    row = Page(render_form(some, simulated=False)).text[open_ones[0].slug]
     assert (
         said in row
         and "stop another server, or cancel a job (JobPanel, or gpupool cancel ID), to free it" in row
@@ -212,7 +212,7 @@ def test_a_user_whose_quota_is_taken_is_told_to_free_some_of_it_not_to_ask_an_ad
     )
     closed = from_service(open_ones, [], False, live, 0)
     assert not any(c.usable or c.quota_full for c in closed)
-    assert "ask an administrator" in render_form(closed, backend="nvml")
+    assert "ask an administrator" in render_form(closed, simulated=False)
 
 
 def test_display_names_descriptions_and_groups_are_html_escaped() -> None:
@@ -222,7 +222,7 @@ def test_display_names_descriptions_and_groups_are_html_escaped() -> None:
         ProfileChoice(profile, 1, 0),
         *choices_for([profile], (), False, {}, {}),
     ):
-        html = render_form([choice], backend="simulated")
+        html = render_form([choice], simulated=True)
         form = Page(html)
         assert "script" not in form.tags and "img" not in form.tags
         assert evil in form.text["evil"]
@@ -230,14 +230,14 @@ def test_display_names_descriptions_and_groups_are_html_escaped() -> None:
 
 
 def test_a_simulated_pool_shows_a_visible_badge() -> None:
-    assert "simulated" in page(choices(), backend="simulated").badge.lower()
-    assert page(choices(), backend="nvml").badge == ""
+    assert "simulated" in page(choices(), simulated=True).badge.lower()
+    assert page(choices(), simulated=False).badge == ""
 
 
 def test_simulated_counts_are_marked_on_each_row() -> None:
     listed = choices_for(PROFILES, (), False, {"cpu": (2, 0)}, {}, simulated=True)
     assert all(c.simulated for c in listed)
-    assert "2 could start now (simulated)" in page(listed, backend="simulated").text["cpu"]
+    assert "2 could start now (simulated)" in page(listed, simulated=True).text["cpu"]
 
 
 # ---- reading the choice back -----------------------------------------------------------------------------
@@ -283,7 +283,7 @@ def test_a_rest_body_chooses_the_same_way_as_the_form() -> None:
 
 def test_a_profile_built_in_code_renders_like_one_from_a_file() -> None:
     pair = Profile("pair", "Two GPUs", 500, 512, gpu=WholeGpus(2, frozenset(), 0))
-    form = Page(render_form(choices_for([pair], (), False, {"pair": (1, 0)}, {}), backend="nvml"))
+    form = Page(render_form(choices_for([pair], (), False, {"pair": (1, 0)}, {}), simulated=False))
     assert "2 × any GPU" in form.text["pair"] and "0.5 CPUs" in form.text["pair"]
     assert "0.5 GiB memory" in form.text["pair"]
 
@@ -294,9 +294,11 @@ def test_the_form_shows_the_users_quota_each_profiles_limits_and_when_one_could_
     h100 = next(p for p in PROFILES if p.slug == "h100")
     # the GPU's own idle limit too, which culls first (a trial saw only "1h idle" for a 30m GPU limit)
     assert limits_text(h100).startswith("stopped after 2h idle or 1h with its GPU unused · lives at most 2d")
-    live = Availability({"h100": (0, 2), "cpu": (3, 0)}, {}, "simulated", {"h100": 1_000.0 + 25 * 60})
+    live = Availability(
+        {"h100": (0, 2), "cpu": (3, 0)}, {}, "simulated", {"h100": 1_000.0 + 25 * 60}, simulated=True
+    )
     choices = from_service(PROFILES, [], False, live, now=1_000.0)
-    html = render_form(choices, backend="simulated", standing="Your quota: 4 whole GPUs, 1 held")
+    html = render_form(choices, simulated=True, standing="Your quota: 4 whole GPUs, 1 held")
     page = Page(html)
     assert "Your quota: 4 whole GPUs, 1 held" in html
     assert "none free now: you will wait in a queue (2 waiting); expected to start by" in page.text["h100"]

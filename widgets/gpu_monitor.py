@@ -5,8 +5,8 @@ devices (whole GPUs, MIG slices, GPU shares), then every ``refresh`` seconds the
 them (``GET telemetry``, only the new ones), what the pool has free (``GET pool``), any pending idle
 warning (:func:`fetch_warnings`) and the server's CPU and memory against its profile's limits
 (:func:`fetch_resources`). Each card shows utilisation, memory, temperature and power, each with a
-sparkline of the last ten minutes; a metric the device cannot report reads "N/A", never 0. Numbers from the
-simulated backend are labelled "simulated".
+sparkline of the last ten minutes; a metric the device cannot report reads "N/A", never 0. Numbers from a
+simulated pool (a pool file's, or the nodes of ``gpupool kube up``) are labelled "simulated".
 
 What the monitor shows is built by plain functions (:func:`sparkline_svg`, :func:`device_card`,
 :func:`pool_free_line`, :func:`monitor_html`), tested without a kernel or a browser; the widget only holds

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from ..pool.devices import Node
+from ..pool.devices import Node, pool_is_simulated
 from .nvml import NvmlUnavailable, discover_node
 from .simulated import DEMO_POOL, load_pool_file
 
@@ -13,15 +13,21 @@ from .simulated import DEMO_POOL, load_pool_file
 @dataclass(frozen=True)
 class DiscoveredPool:
     nodes: tuple[Node, ...]
-    backend: str  # "simulated" or "nvml"
+    backend: str  # "simulated", "nvml" or "kubernetes"
     source: str
     note: str = ""  # said once to the admin, e.g. why the demo pool is used
+
+    @property
+    def simulated(self) -> bool:
+        return pool_is_simulated(self.nodes)
 
     @property
     def summary(self) -> str:
         """Where the pool came from and its size, "simulated" said out loud where it is."""
         gpus = sum(len(node.gpus) for node in self.nodes)
-        kind = "simulated, not real GPUs" if self.backend == "simulated" else self.backend
+        kind = self.backend
+        if self.simulated:  # a pool file's, or the simulated nodes of gpupool kube up
+            kind = "simulated, not real GPUs" if kind == "simulated" else f"{kind}, simulated: not real GPUs"
         return f"pool from {self.source} ({kind}): {len(self.nodes)} nodes, {gpus} GPUs"
 
 

@@ -1,7 +1,8 @@
 """The simulated backend: a pool of nodes and GPUs declared in a YAML file.
 
 A first-class backend for machines without GPUs, demos, tests and benchmarks. Every node it builds carries
-the label ``gpupool.io/backend: simulated`` so nothing it makes can pass for hardware. UUIDs are derived
+the labels ``gpupool.io/backend: simulated`` and ``gpupool.io/simulated: "true"`` (what every "simulated" label
+goes by, :func:`..pool.devices.pool_is_simulated`) so nothing it makes can pass for hardware. UUIDs are derived
 from names (uuid5), so a restart on the same file gives the same devices and leases stay valid.
 
 Schema (see ``hub_config/pools/demo.yaml`` for a full example)::
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..files.yaml_fields import check_fields, kind, load_yaml, parse_memory_mib, read_text, required_field
-from ..pool.devices import FULL_MILLI, Gpu, GpuMode, Health, MigInstance, Node
+from ..pool.devices import FULL_MILLI, SIMULATED_LABEL, Gpu, GpuMode, Health, MigInstance, Node
 from ..pool.mig import Placement, fit, geometry, layout_problem, profile_memory_gb, why_not_fit
 from ..pool.products import PRODUCTS, UnknownProduct, normalize_product
 from ..pool.software import cuda_of_driver, version
@@ -161,15 +162,15 @@ def _labels(where: _Where, value: object) -> dict[str, str]:
     for key, item in value.items():
         if not isinstance(key, str) or not key:
             where.fail(f"label names must be non-empty strings, got {key!r}")
-        if key == BACKEND_LABEL:
-            where.fail(f"label {BACKEND_LABEL} is set by the simulated backend; leave it out")
+        if key in (BACKEND_LABEL, SIMULATED_LABEL):
+            where.fail(f"label {key} is set by the simulated backend; leave it out")
         if isinstance(item, bool):
             labels[key] = "true" if item else "false"
         elif isinstance(item, str | int | float):
             labels[key] = str(item)
         else:
             where.fail(f"label {key!r} must have a string or number value, got {kind(item)}")
-    labels[BACKEND_LABEL] = "simulated"
+    labels |= {BACKEND_LABEL: "simulated", SIMULATED_LABEL: "true"}
     return labels
 
 

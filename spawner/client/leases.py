@@ -17,7 +17,8 @@ from .connection import Connection
 @dataclass(frozen=True)
 class Availability:
     """What the form needs from the service, per profile slug: ``(available_now, queued)`` and why a
-    profile can never fit the pool; plus the backend ("simulated" or "nvml")."""
+    profile can never fit the pool; plus the backend ("simulated", "nvml" or "kubernetes"; empty: no answer)
+    and whether the pool's GPUs are simulated."""
 
     counts: dict[str, tuple[int, int]]
     never_fits: dict[str, str]
@@ -25,6 +26,7 @@ class Availability:
     expected_starts: dict[str, float] = field(default_factory=dict)  # slug: when one asked now could start
     over_quota: dict[str, str] = field(default_factory=dict)  # slug: why the user's quota refuses it now
     quota_forbids: dict[str, str] = field(default_factory=dict)  # slug: why it does even if they held nothing
+    simulated: bool = False  # GET pool's "simulated": the form says so on its banner and every choice
 
 
 class ServiceClient(Connection):
@@ -47,7 +49,7 @@ class ServiceClient(Connection):
 
     async def availability(self, user: str | None = None, groups: Iterable[str] = ()) -> Availability:
         """Per-profile counts, never-fits reasons and ``user``'s quota refusals from ``GET profiles``, and the
-        backend from ``GET pool``."""
+        backend and whether it is simulated from ``GET pool``."""
         profiles = await self.profiles(user, groups)
         pool = await self.pool()
         return Availability(
@@ -59,6 +61,7 @@ class ServiceClient(Connection):
             },
             over_quota={p["slug"]: str(p["over_quota"]) for p in profiles if p.get("over_quota")},
             quota_forbids={p["slug"]: str(p["quota_forbids"]) for p in profiles if p.get("quota_forbids")},
+            simulated=bool(pool.get("simulated")),
         )
 
     async def quota_summary(self, user: str, groups: Iterable[str]) -> str:

@@ -103,9 +103,8 @@ def from_service(
     profiles: Sequence[Profile], user_groups: Iterable[str], is_admin: bool, live: Availability, now: float
 ) -> list[ProfileChoice]:
     """:func:`choices_for` with what the service said: counts, never-fits reasons, what the user's quota
-    refuses now, the backend, and when one asked ``now`` could expect to start."""
+    refuses now, whether the pool is simulated, and when one asked ``now`` could expect to start."""
     waits = {slug: in_words(start, now, time_of_day) for slug, start in live.expected_starts.items()}
-    simulated = live.backend == "simulated"
     blocked = live.quota_forbids | live.never_fits  # a quota of 0 closes a profile as a group rule does
     if live.backend:  # the service answered: a profile it does not know would be refused at the start
         blocked |= {p.slug: NOT_IN_SERVICE for p in profiles if p.slug not in live.counts}
@@ -115,28 +114,29 @@ def from_service(
         is_admin,
         live.counts,
         blocked,
-        simulated=simulated,
+        simulated=live.simulated,
         expected_waits=waits,
         over_quota=live.over_quota,
     )
 
 
 def render_form(
-    choices: Sequence[ProfileChoice], *, backend: str, limits_note: str = "", standing: str = ""
+    choices: Sequence[ProfileChoice], *, simulated: bool, limits_note: str = "", standing: str = ""
 ) -> str:
     """An HTML fragment for JupyterHub's spawn page (it sits inside the hub's own ``<form>``).
 
     One radio named ``profile`` per usable choice, the default profile checked (else the first usable one);
-    blocked choices are disabled rows carrying their reason. ``limits_note``: why the profiles' CPU and memory
-    are not enforced on this host, if they are not; ``standing``: the user's quota and what they hold.
+    blocked choices are disabled rows carrying their reason. ``simulated``: the pool's GPUs are made up (a
+    banner says so); ``limits_note``: why the profiles' CPU and memory are not enforced on this host, if they
+    are not; ``standing``: the user's quota and what they hold.
     Every text is escaped.
     """
     usable = [c for c in choices if c.usable]
     checked = next((c for c in usable if c.profile.default), usable[0] if usable else None)
     parts = [_CSS, '<div class="gpupool-form">']
-    if backend == "simulated":
+    if simulated:
         parts.append(
-            '<p class="gpupool-simulated" title="no real GPUs: the pool comes from a pool file">'
+            '<p class="gpupool-simulated" title="no real GPUs: gpupool simulates them">'
             "Simulated pool: the GPUs below are not real</p>"
         )
     if limits_note:

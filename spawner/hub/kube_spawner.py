@@ -97,7 +97,7 @@ class KubeGPUSpawner(GpuLeasing, LabArgs, KubeSpawner):  # type: ignore[misc]  #
 
     async def gpupool_profile_list(self) -> list[dict[str, object]]:
         """The profiles this user may start, with what could start now; without the service, still listed."""
-        choices, _backend = await self.profile_choices()
+        choices, _simulated = await self.profile_choices()  # each choice says "(simulated pool)" itself
         return form.profile_list(choices)
 
     def apply_lease(self, lease: Mapping[str, Any]) -> None:

@@ -148,16 +148,16 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
     def user_groups(self) -> list[str]:
         return sorted(group.name for group in self.user.groups)
 
-    async def profile_choices(self) -> tuple[list[form.ProfileChoice], str]:
-        """Every profile with this user's permission and the pool's live availability, and the backend's name
-        ("simulated", "nvml", "kubernetes"); without the service, every profile with nothing known free."""
+    async def profile_choices(self) -> tuple[list[form.ProfileChoice], bool]:
+        """Every profile with this user's permission and the pool's live availability, and whether the pool is
+        simulated; without the service, every profile with nothing known free."""
         try:
             live = await self.service().availability(self.user.name, self.user_groups)
         except (GpupoolError, SpawnException) as error:
             self.log.warning("gpupool: no availability for the spawn form: %s", error)
             live = Availability({}, {}, "")
         choices = form.from_service(self.profiles, self.user_groups, bool(self.user.admin), live, time.time())
-        return choices, live.backend
+        return choices, live.simulated
 
     def service(self) -> ServiceClient:
         """A client of the service with the hub's token; a missing token is a clear error."""

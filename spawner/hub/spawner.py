@@ -104,7 +104,7 @@ class LocalGPUSpawner(GpuLeasing, LabArgs, LocalProcessSpawner):  # type: ignore
     async def render_options_form(self) -> str:
         """The form's HTML with live availability and the user's quota; without the service it still lists
         every profile."""
-        choices, backend = await self.profile_choices()
+        choices, simulated = await self.profile_choices()
         cgroups = host_cgroups_once()
         try:
             standing = await self.service().quota_summary(self.user.name, self.user_groups)
@@ -112,7 +112,7 @@ class LocalGPUSpawner(GpuLeasing, LabArgs, LocalProcessSpawner):  # type: ignore
             self.log.warning("gpupool: no quota for the spawn form: %s", error)
             standing = ""
         note = "" if cgroups.enforced else cgroups.reason
-        return form.render_form(choices, backend=backend, limits_note=note, standing=standing)
+        return form.render_form(choices, simulated=simulated, limits_note=note, standing=standing)
 
     # ---- limits ------------------------------------------------------------------------------------------
 

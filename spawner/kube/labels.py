@@ -18,6 +18,8 @@ What a node's labels and allocatable resources say, and what gpupool makes of it
   ``nvidia.com/gpu`` then counts shares (``gpu.count`` × ``gpu.replicas``), never whole GPUs. Which name a
   node's shares go by is kept in its ``gpupool.io/shared-resource`` label for :mod:`.resources`.
 - MIG profiles with attributes (``1g.10gb+me``) are served as ``nvidia.com/mig-1g.10gb.me``.
+- ``gpupool.io/simulated=true``, which only gpupool's stand-in kubelet sets (``gpupool kube up``), stays on the
+  domain node: its GPUs are labelled simulated wherever they show. A real cluster's nodes lack it.
 
 Kubernetes counts MIG instances per node, not per GPU, and the NVIDIA device plugin, not gpupool, picks the
 physical device. So gpupool lays the counted instances onto the MIG GPUs in legal placements

@@ -5,8 +5,13 @@ These describe hardware and how the admin laid it out. Who holds what lives in :
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+# "true" on a node whose GPUs are made up: a pool file's (the simulated backend), or one that gpupool's stand-in
+# kubelet registers (``gpupool kube up``). A real node never carries it.
+SIMULATED_LABEL = "gpupool.io/simulated"
 
 
 class Health(StrEnum):
@@ -77,3 +82,13 @@ class Node:
     @property
     def products(self) -> frozenset[str]:
         return frozenset(g.product for g in self.gpus)
+
+    @property
+    def simulated(self) -> bool:
+        return self.labels.get(SIMULATED_LABEL) == "true"
+
+
+def pool_is_simulated(nodes: Iterable[Node]) -> bool:
+    """Whether a pool is labelled "simulated" (form, listings, dashboard, widgets, telemetry): the one rule for
+    it. Any simulated node makes it so, so that no made-up GPU passes for a real one."""
+    return any(node.simulated for node in nodes)

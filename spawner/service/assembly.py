@@ -183,7 +183,7 @@ def assemble(settings: ServiceSettings) -> Service:
         pool = discover_pool(settings.pool_file or None, simulated_fallback=settings.simulated_fallback)
     if pool.note:
         log.warning("%s", pool.note)
-    log.info("pool from %s (%s): %d nodes", pool.source, pool.backend, len(pool.nodes))
+    log.info("%s", pool.summary)
     profiles = load_profiles(settings.profiles_file)
     manager = lease_manager(settings, pool, profiles)
     jobs = JobManager(
@@ -275,6 +275,7 @@ def service_parts(
         tracker=ActivityTracker(settings.gpu_idle_threshold),
         health=health,
         backend=pool.backend,
+        simulated=pool.simulated,
         source=pool.source,
         prefix=settings.service_prefix,
         public_metrics=settings.metrics_public,

@@ -47,7 +47,7 @@ from ..kube.labels import SHARED_RESOURCE
 from ..kube.manifests import ManifestError
 from ..kube.node_watch import KubeInventory, connect
 from ..kube.resources import outside_use
-from ..pool.devices import Node
+from ..pool.devices import Node, pool_is_simulated
 from ..pool.expected_start import time_of_day
 from ..pool.leases import Lease, LeaseState
 from ..telemetry.samples import Snapshot
@@ -211,13 +211,14 @@ class KubeSampler:
     """Device telemetry from the cluster's dcgm-exporter pods (:mod:`gpupool.spawner.kube.dcgm`): each pass
     reads every exporter the inventory's pods show and gives each granted lease the readings of its pod's
     devices. Before :meth:`connect` (and where no exporter runs) snapshots are empty: devices read "N/A",
-    never simulated numbers passed off as the cluster's."""
+    never simulated numbers passed off as the cluster's. On simulated nodes (``gpupool kube up``'s) they say
+    they are simulated, whatever an exporter there serves."""
 
-    simulated = False
     backend = "kubernetes"
 
     def __init__(self, nodes: Sequence[Node], timeout: float = 3.0) -> None:
         self.nodes = tuple(nodes)
+        self.simulated = pool_is_simulated(self.nodes)
         self.timeout = timeout
         self._leases: Callable[[], list[Lease]] = list
         self._pods: Callable[[], dict[str, Obj]] = dict
@@ -244,7 +245,7 @@ class KubeSampler:
         ]  # fmt: skip
         leases = [lease for lease in self._leases() if lease.state is LeaseState.GRANTED]
         samples = dcgm.lease_samples(readings, leases, pods, self.nodes, at)
-        return Snapshot(at, tuple(samples), False, "kubernetes")
+        return Snapshot(at, tuple(samples), self.simulated, "kubernetes")
 
     def _read(self, url: str) -> list[dcgm.Reading]:
         assert self._client is not None, "open() first"

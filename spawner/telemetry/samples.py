@@ -80,8 +80,8 @@ class Sample:
 class Snapshot:
     """One pass of a sampler: a sample of every device it watches, all taken at about ``time``.
 
-    ``simulated`` is True when the numbers come from the simulated backend, so no page or metric can pass
-    them off as hardware readings.
+    ``simulated`` is True when the numbers are of simulated GPUs (a pool file's, ``gpupool kube up``'s), so no
+    page or metric can pass them off as hardware readings.
     """
 
     time: float

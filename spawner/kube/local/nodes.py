@@ -4,7 +4,8 @@ Whole GPUs become ``nvidia.com/gpu``; MIG instances follow the device plugin's m
 (``nvidia.com/mig-<profile>`` counted per node, ``nvidia.com/mig.strategy=mixed``); shared GPUs follow
 time-slicing with ``renameByDefault: true`` (``nvidia.com/gpu.shared``, ``nvidia.com/gpu.replicas``). GPU nodes
 carry the ``nvidia.com/gpu=present:NoSchedule`` taint sites use to keep other pods off them. Every node says it
-is simulated (label ``gpupool.io/simulated=true``). Pure: domain nodes in, plain dicts out.
+is simulated (label ``gpupool.io/simulated=true``), so the service labels its GPUs "simulated" wherever they show
+(:func:`...pool.devices.pool_is_simulated`). Pure: domain nodes in, plain dicts out.
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ...pool.devices import GpuMode, Node
+from ...pool.devices import SIMULATED_LABEL, GpuMode, Node
 from ..gfd import mig_resource
 from ..labels import GPU_RESOURCE, SHARED_RESOURCE
-
-SIMULATED_LABEL = "gpupool.io/simulated"
 
 # The product names GPU Feature Discovery publishes (``nvidia.com/gpu.product``) for gpupool's products.
 GFD_PRODUCTS = {

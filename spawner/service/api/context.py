@@ -46,6 +46,7 @@ class ServiceParts:
     tracker: ActivityTracker
     health: HealthKeeper
     backend: str  # where the pool comes from: "simulated", "nvml" or "kubernetes"
+    simulated: bool  # its GPUs are made up (pool_is_simulated): every page, form and widget says "simulated"
     source: str  # the pool file or cluster it was read from, shown in GET pool and on the pages
     prefix: str  # the service's URL prefix, "/services/gpupool/"
     public_metrics: bool = False

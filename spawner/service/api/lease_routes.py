@@ -63,7 +63,7 @@ async def get_profiles(
     never_fits = parts.never_fits
     manager = parts.manager
     counts = manager.availability({p.slug: p.request() for p in usable if never_fits[p.slug] is None})
-    simulated = parts.backend == "simulated"
+    simulated = parts.simulated
     rows = []
     for p in usable:
         now, queued = counts.get(p.slug, (0, 0))

@@ -192,7 +192,8 @@ class ProfileOut(BaseModel):
     )
     simulated: bool = Field(
         default=False,
-        description="the pool is the simulated backend's: what is free is a stand-in, no real GPU",
+        description="the pool's GPUs are simulated (a pool file's, or the nodes of gpupool kube up): what is "
+        "free is a stand-in, no real GPU",
     )
     expected_start: float | None = Field(
         default=None,

@@ -140,6 +140,7 @@ def pool_tree(
     parts = []
     for node in pool.get("nodes", []):
         health = "" if node["health"] == "healthy" else f' <span class="bad">{_e(node["health"])}</span>'
+        made_up = ' <span class="sim">simulated</span>' if node.get("simulated") else ""
         gpus = []
         for gpu in node["gpus"]:
             holders = [users_of.get(h, h) for h in gpu["holders"]]
@@ -171,7 +172,7 @@ def pool_tree(
             gpus.append(f"<li>{cell}{f'<ul class=mig>{slices}</ul>' if slices else ''}</li>")
         cpu = f"CPU {node['cpu_free_milli'] / 1000:g}/{node['cpu_milli'] / 1000:g} free"
         parts.append(
-            f'<li class="node"><b>{_e(node["name"])}</b>{health} <span class="m">{cpu}</span>'
+            f'<li class="node"><b>{_e(node["name"])}</b>{health}{made_up} <span class="m">{cpu}</span>'
             f"{controls(node['name'], None, node['health'])}"
             f"<ul>{''.join(gpus) or '<li>(no GPUs)</li>'}</ul></li>"
         )

@@ -211,9 +211,7 @@ async def dashboard(request: Request, parts: PartsDep, caller: BrowserCaller) ->
         return _log_in(parts, request)
     view = _gather(parts)
     telemetry = parts.telemetry
-    simulated = (
-        telemetry.simulated if telemetry.history.last_time is not None else parts.backend == "simulated"
-    )
+    simulated = telemetry.simulated if telemetry.history.last_time is not None else parts.simulated
     if caller.is_admin:
         title, body, script = "gpupool — pool", _admin_body(parts, view), CONSOLE_SCRIPT
     else:  # no buttons and no script: the routes would refuse their requests anyway

@@ -5,7 +5,7 @@ Metrics follow Prometheus conventions: base units (bytes, seconds, hertz, watts)
 series per device labelled ``node``, ``gpu`` (index), ``uuid``, ``mig_profile`` (empty for a whole GPU) and
 ``user`` (who holds it, comma-joined on a shared GPU; empty when free). A metric the device cannot report
 ("not available") has no series at all, rather than a fake 0. ``gpupool_telemetry_simulated`` is 1 when the
-numbers come from the simulated backend.
+numbers are of simulated GPUs (a pool file's, or the nodes of ``gpupool kube up``).
 
 :func:`render_metrics` builds the text from the manager, the telemetry and (optionally) the usage store at
 one moment; :func:`pool_devices` and :func:`device_users` are the device list and holders the telemetry API
@@ -304,7 +304,7 @@ def _device_count_family(devices: Iterable[Device], users: Mapping[str, list[str
 def _telemetry_families(telemetry: Telemetry) -> list[Metric]:
     """Whether the readings are simulated, and when they were last taken (no series before the first)."""
     simulated = GaugeMetricFamily(
-        "gpupool_telemetry_simulated", "1 when device readings come from the simulated backend, not hardware"
+        "gpupool_telemetry_simulated", "1 when device readings are of simulated GPUs, not hardware"
     )
     simulated.add_metric([], 1.0 if telemetry.simulated else 0.0)
     last = telemetry.history.last_time
