@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import os
 import sys
+from html import escape
 from pathlib import Path
 
 import pytest
 import yaml
 from test_job_runner import check
 
+from gpupool.spawner.backends.simulated import DEMO_POOL, load_pool_file
 from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles, parse_profiles
-from gpupool.spawner.hub.form import ProfileChoice, lease_options, profile_list, render_form
+from gpupool.spawner.hub.form import ProfileChoice, choices_for, lease_options, profile_list, render_form
 from gpupool.spawner.hub.spawner import _profile_from_formdata
-from gpupool.spawner.pool.environments import UnknownEnvironment
-from gpupool.spawner.pool.profiles import ProfileError
+from gpupool.spawner.pool.environments import UnknownEnvironment, UnrunnableEnvironment
+from gpupool.spawner.pool.profiles import ProfileError, environments_never_fit, refuse_environment
 from gpupool.spawner.service.jobs.processes import Identity
 from gpupool.spawner.service.jobs.submission import CheckedJob, InvalidJob
 from gpupool.widgets.jobs import submission
@@ -56,6 +58,35 @@ def test_the_form_offers_each_profiles_environments_and_reads_back_the_chosen_pr
             },
         }
     }
+
+
+def test_an_environment_no_gpu_can_run_is_shown_disabled_saying_why_and_left_out_on_kubernetes() -> None:
+    """A Kubernetes trial: the form offered the demo's CUDA 12.4 environment on A100s whose driver 535 runs CUDA
+    12.2, and picking it ended in a 409 after Start. Both forms now say why before anyone presses Start, in the
+    words of the service's refusal (the one rule: placement on the pool's nodes)."""
+    closed = {p.slug: environments_never_fit(p, load_pool_file(DEMO_POOL)) for p in PROFILES}
+    why = "needs CUDA 12.4; the A100-40GB's driver 535.104.05 supports up to 12.2 (on a100-01)"
+    assert {slug: found for slug, found in closed.items() if found} == {"a100-pair": {"cuda-12-4": why}}
+    choices = choices_for(
+        PROFILES, ["gpu-users"], False, {"a100-pair": (1, 0)}, {}, environments_never_fit=closed
+    )
+    html = render_form(choices, simulated=True)  # LocalGPUSpawner's
+    assert '<option value="lab" selected>' in html
+    said = escape(f"Code built for CUDA 12.4 — cannot run on this profile's GPUs: {why}")
+    assert f'<option value="cuda-12-4" disabled title="{escape(why)}">{said}</option>' in html
+    (row,) = [r for r in profile_list(choices) if r["slug"] == "a100-pair"]  # KubeGPUSpawner's
+    assert row["profile_options"] == {
+        "environment": {
+            "display_name": "Environment",
+            "choices": {
+                "lab": {"display_name": "JupyterLab with NumPy (this hub's Python)", "default": True}
+            },
+        }
+    }
+    assert f"Code built for CUDA 12.4 not offered: {why} · 1 can start now" in str(row["description"])
+    with pytest.raises(UnrunnableEnvironment) as refused:  # what POST leases says to a spawn naming it anyway
+        refuse_environment(A100_PAIR, "cuda-12-4", closed["a100-pair"])
+    assert str(refused.value) == f"environment: profile a100-pair's GPUs can run lab, not 'cuda-12-4': {why}"
 
 
 def test_an_unknown_environment_is_refused_listing_the_profiles_ones() -> None:

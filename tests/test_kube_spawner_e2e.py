@@ -21,11 +21,13 @@ from typing import Any
 import httpx
 import kubespawner.clients
 import pytest
+import yaml
 from hub_harness import free_port, service_command
 from jupyterhub.objects import Hub, Server
 from kube_cluster import A100, H100, LocalKube, eventually, point_kubespawner_at, service_account_kubeconfig
 from token_hub import token_hub
 
+from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES
 from gpupool.spawner.hub.compat import SpawnException
 from gpupool.spawner.hub.kube_spawner import KubeGPUSpawner
 from gpupool.spawner.kube.manifests import label_value
@@ -57,8 +59,9 @@ class _User:
 class Hub_:
     """The gpupool service on the cluster, and what the spawners need to reach it."""
 
-    def __init__(self, kube: LocalKube, namespace: str, url: str, kubeconfig: Path) -> None:
+    def __init__(self, kube: LocalKube, namespace: str, url: str, kubeconfig: Path, profiles: Path) -> None:
         self.kube, self.namespace, self.url, self.kubeconfig = kube, namespace, url, kubeconfig
+        self.profiles = profiles  # the service's and the spawners' profiles file
 
     def pod(self, spawner: KubeGPUSpawner) -> dict[str, Any] | None:
         return self.kube.get(f"/api/v1/namespaces/{self.namespace}/pods/{spawner.pod_name}")
@@ -68,6 +71,7 @@ class Hub_:
 def hub(kube: LocalKube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub_]:
     tmp = tmp_path_factory.mktemp("kube-spawner")
     namespace = kube.namespace("jhub")
+    profiles = _with_an_environment_for_cuda_12_8(tmp / "profiles.yaml")
     port = free_port()
     with token_hub(CALLERS) as hub_api:
         env = os.environ | {
@@ -75,6 +79,7 @@ def hub(kube: LocalKube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[H
             "KUBECONFIG": str(service_account_kubeconfig(kube, namespace, tmp / "service.kubeconfig")),
             "GPUPOOL_KUBE_NAMESPACE": namespace,
             "GPUPOOL_KUBE_JOB_IMAGE": "quay.io/example/gpupool-singleuser:test",
+            "GPUPOOL_PROFILES": str(profiles),
             "GPUPOOL_DB_URL": f"sqlite:///{tmp}/gpupool.sqlite",
             "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}",
             "JUPYTERHUB_API_URL": hub_api,
@@ -88,7 +93,7 @@ def hub(kube: LocalKube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[H
         url = f"http://127.0.0.1:{port}/services/gpupool/"
         try:
             _wait_for(url + "api/v1/pool", service, log_path)
-            yield Hub_(kube, namespace, url, kube.kubeconfig(tmp / "hub.kubeconfig", namespace))
+            yield Hub_(kube, namespace, url, kube.kubeconfig(tmp / "hub.kubeconfig", namespace), profiles)
         finally:
             service.terminate()
             service.wait(timeout=10)
@@ -242,6 +247,48 @@ def test_a_server_pod_a_resource_quota_refuses_is_said_in_the_clusters_words_and
         hub.kube.request("DELETE", f"{quotas}/no-pods")
 
 
+def _with_an_environment_for_cuda_12_8(path: Path) -> Path:
+    """The shipped profiles, with a third environment for a100-pair that needs CUDA 12.8: newer than the
+    cluster's drivers (550.54.15, CUDA 12.4 at most, from GPU Feature Discovery's labels) run."""
+    profiles = yaml.safe_load(EXAMPLE_PROFILES.read_text())
+    a100_pair = next(p for p in profiles["profiles"] if p["slug"] == "a100-pair")
+    a100_pair["environments"].append(
+        {"slug": "cuda-12-8", "display_name": "Code built for CUDA 12.8", "min_cuda": "12.8"}
+    )
+    path.write_text(yaml.safe_dump(profiles, sort_keys=False))
+    return path
+
+
+def test_an_environment_the_nodes_drivers_cannot_run_is_left_out_of_the_form_saying_why_and_refused_by_name(
+    hub: Hub_, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Kubernetes trial: KubeGPUSpawner's form offered an environment built for a CUDA newer than the
+    nodes' driver runs, and picking it ended in a 409 "never fits" after Start."""
+    point_kubespawner_at(monkeypatch, hub.kubeconfig)
+    monkeypatch.setattr(KubeGPUSpawner, "reflectors", {})
+    monkeypatch.setattr(kubespawner.clients, "_client_cache", {})
+    why = "needs CUDA 12.8; the A100-40GB's driver 550.54.15 supports up to 12.4 (on gpu-a100-01)"
+
+    async def scenario() -> None:
+        frank = _spawner(_User("frank", 6, ("gpu-users",)), hub, "a100-pair")
+        (row,) = [r for r in await frank.gpupool_profile_list() if r["slug"] == "a100-pair"]
+        assert list(row["profile_options"]["environment"]["choices"]) == ["lab", "cuda-12-4"]
+        assert f"Code built for CUDA 12.8 not offered: {why}" in str(row["description"])
+        form = await frank.get_options_form()  # KubeSpawner's own template, as the hub's spawn page shows it
+        assert 'value="cuda-12-4"' in form and 'value="cuda-12-8"' not in form
+        assert f"Code built for CUDA 12.8 not offered: {why}" in form  # its template does not escape
+        frank.user_options = {"profile": "a100-pair", "environment": "cuda-12-8"}  # a REST spawn, anyway
+        with pytest.raises(SpawnException) as refused:
+            await frank.start()
+        assert refused.value.status_code == 409
+        assert refused.value.jupyterhub_message == (
+            f"gpupool: environment: profile a100-pair's GPUs can run lab, cuda-12-4, not 'cuda-12-8': {why}"
+        )
+        assert frank.lease_id == "" and hub.pod(frank) is None
+
+    asyncio.run(scenario())
+
+
 def _spawner(user: _User, hub: Hub_, profile: str) -> KubeGPUSpawner:
     spawner = KubeGPUSpawner(
         user=user,
@@ -249,6 +296,7 @@ def _spawner(user: _User, hub: Hub_, profile: str) -> KubeGPUSpawner:
         namespace=hub.namespace,
         service_url=hub.url,
         service_api_token=SPAWNER_TOKEN,
+        profiles_file=str(hub.profiles),
         api_token=f"server-token-{user.name}",
         oauth_client_id=f"jupyterhub-user-{user.name}",
         image="quay.io/example/gpupool-singleuser:test",

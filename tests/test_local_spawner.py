@@ -219,6 +219,64 @@ def test_the_spawn_form_closes_a_profile_the_users_quota_refuses_now_saying_why(
     assert 'value="mig-3g"' in _spawn_page(hub, "erin")  # given back: open again
 
 
+# An A100 box on driver 535 (CUDA 12.2 at most), with a profile offering an environment built for CUDA 12.4
+OLD_DRIVER_POOL = """
+nodes:
+  - name: a100-01
+    cpu: 16
+    memory: 64GiB
+    gpus: {product: A100-40GB, count: 2, driver_version: "535.104.05"}
+"""
+CUDA_PROFILES = """
+profiles:
+  - slug: a100
+    display_name: One A100
+    gpus: {count: 1, products: [A100-40GB]}
+    cpu: 1
+    memory: 2GiB
+    environments:
+      - {slug: lab, display_name: JupyterLab, default: true}
+      - {slug: cuda-12-4, display_name: Code built for CUDA 12.4, min_cuda: "12.4"}
+"""
+
+
+@pytest.fixture
+def old_driver_hub(tmp_path: Path) -> Iterator[Hub]:
+    # JupyterHub's default slow_spawn_timeout, not this module's 0.5 s: a REST spawn refused at once is answered
+    # with the refusal, as a user's would be
+    slow = ['c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 10}']
+    yield from spawner_hub(
+        tmp_path, ["frank"], pool=OLD_DRIVER_POOL, profiles=CUDA_PROFILES, extra_config=slow
+    )
+
+
+def test_an_environment_the_drivers_cannot_run_is_disabled_saying_why_and_a_rest_spawn_naming_it_is_refused(
+    old_driver_hub: Hub,
+) -> None:
+    """A Kubernetes trial: the form offered a CUDA 12.4 environment on nodes whose driver runs CUDA 12.2, and
+    picking it ended in a 409 after Start. The one-host form offered it the same way."""
+    hub = old_driver_hub
+    why = "needs CUDA 12.4; the A100-40GB&#x27;s driver 535.104.05 supports up to 12.2 (on a100-01)"
+    html = _spawn_page(hub, "frank")
+    assert '<option value="lab" selected>JupyterLab</option>' in html
+    said = f"Code built for CUDA 12.4 — cannot run on this profile&#x27;s GPUs: {why}"
+    assert f'<option value="cuda-12-4" disabled title="{why}">{said}</option>' in html
+    with hub.admin() as admin:
+        refused = admin.post(
+            f"{hub.hub_api}/users/frank/server",
+            json={"profile": "a100", "environment": "cuda-12-4"},
+            timeout=30,
+        )
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["message"] == (
+            "gpupool: environment: profile a100's GPUs can run lab, not 'cuda-12-4': needs CUDA 12.4; "
+            "the A100-40GB's driver 535.104.05 supports up to 12.2 (on a100-01)"
+        )
+        assert _server(hub, admin, "frank") is None
+        active = admin.get(f"{hub.service_api}/leases", params={"active_only": True}).json()
+        assert [lease for lease in active if lease["user"] == "frank"] == []
+
+
 def test_two_users_start_at_once_and_get_disjoint_devices_pinned_in_their_environment(hub: Hub) -> None:
     with hub.admin() as admin:
         free_before = _free_devices(hub, admin)

@@ -378,22 +378,27 @@ def test_a_walltime_is_kept_with_the_lease_and_one_past_the_profiles_lifetime_is
 def test_an_environment_is_asked_for_with_the_lease_and_one_no_gpu_can_run_is_refused_saying_why(
     hub: Hub,
 ) -> None:
-    """The demo's A100 box runs driver 535: its CUDA 12.4 environment can never start, and the refusal says so."""
+    """The demo's A100 box runs driver 535: its CUDA 12.4 environment can never start. GET profiles says so beside
+    it (the spawn form shows it disabled), and a lease naming it anyway is refused naming the field, the
+    environment the profile's GPUs can run, and why."""
     with hub.as_user("hub-client") as spawner:
         body = {"profile": "a100-pair", "owner_kind": "server", "owner_name": "env", "user": "alice"}
         body |= {"groups": ["gpu-users"]}
         unknown = spawner.post("/leases", json=body | {"environment": "tf"})
         assert unknown.status_code == 400 and unknown.json()["fields"] == ["environment"], unknown.text
         assert "offers lab, cuda-12-4" in unknown.json()["detail"]
+        why = "needs CUDA 12.4; the A100-40GB's driver 535.104.05 supports up to 12.2 (on a100-01)"
         newer = spawner.post("/leases", json=body | {"environment": "cuda-12-4"})
-        assert newer.status_code == 409, newer.text
-        assert newer.json()["detail"] == (
-            "needs CUDA 12.4; the A100-40GB's driver 535.104.05 supports up to 12.2 (on a100-01)"
+        assert newer.status_code == 409 and newer.json()["fields"] == ["environment"], newer.text
+        assert (
+            newer.json()["detail"]
+            == f"environment: profile a100-pair's GPUs can run lab, not 'cuda-12-4': {why}"
         )
         lease = _new_lease(
             hub, "alice", "a100-pair", owner_name="env", environment="lab", groups=["gpu-users"]
         )
         assert lease["state"] == "granted" and lease["node"] == "a100-01"
         profiles = {p["slug"]: p for p in spawner.get("/profiles").json()}
-        assert [e["slug"] for e in profiles["a100-pair"]["environments"]] == ["lab", "cuda-12-4"]
+        offered = {e["slug"]: e["never_fits"] for e in profiles["a100-pair"]["environments"]}
+        assert offered == {"lab": None, "cuda-12-4": why}
         assert spawner.delete(f"/leases/{lease['id']}").status_code == 200

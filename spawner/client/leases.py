@@ -27,6 +27,8 @@ class Availability:
     over_quota: dict[str, str] = field(default_factory=dict)  # slug: why the user's quota refuses it now
     quota_forbids: dict[str, str] = field(default_factory=dict)  # slug: why it does even if they held nothing
     simulated: bool = False  # GET pool's "simulated": the form says so on its banner and every choice
+    # slug: {environment: why no GPU of the pool can run it}; the form offers it disabled, saying why
+    environments_never_fit: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 class ServiceClient(Connection):
@@ -48,8 +50,8 @@ class ServiceClient(Connection):
         return cast(dict[str, Any], await self.acall("GET", "pool"))
 
     async def availability(self, user: str | None = None, groups: Iterable[str] = ()) -> Availability:
-        """Per-profile counts, never-fits reasons and ``user``'s quota refusals from ``GET profiles``, and the
-        backend and whether it is simulated from ``GET pool``."""
+        """Per-profile counts, never-fits reasons (of environments too) and ``user``'s quota refusals from
+        ``GET profiles``, and the backend and whether it is simulated from ``GET pool``."""
         profiles = await self.profiles(user, groups)
         pool = await self.pool()
         return Availability(
@@ -62,6 +64,11 @@ class ServiceClient(Connection):
             over_quota={p["slug"]: str(p["over_quota"]) for p in profiles if p.get("over_quota")},
             quota_forbids={p["slug"]: str(p["quota_forbids"]) for p in profiles if p.get("quota_forbids")},
             simulated=bool(pool.get("simulated")),
+            environments_never_fit={
+                p["slug"]: {str(e["slug"]): str(e["never_fits"]) for e in closed}
+                for p in profiles
+                if (closed := [e for e in p.get("environments") or () if e.get("never_fits")])
+            },
         )
 
     async def quota_summary(self, user: str, groups: Iterable[str]) -> str:

@@ -9,15 +9,15 @@ never-fits reason blocks one for them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
 from ..client.leases import Availability
 from ..pool.environments import FIELD as ENVIRONMENT  # the spawners read it here too
-from ..pool.environments import Environment, choose
 from ..pool.expected_start import in_words, time_of_day
 from ..pool.profiles import Profile, UnknownProfile, format_duration, parse_duration
+from .environment_choice import environment_field, environment_of, preselected
 
 FIELD = "profile"  # the form field and the REST body key that name the chosen profile's slug
 WALLTIME = "walltime"  # how long the user expects to need the server: what the queue's estimates go by
@@ -54,6 +54,8 @@ class ProfileChoice:
     simulated: bool = False  # the counts come from a simulated pool
     expected_wait: str = ""  # when none is free: "expected to start by 14:05 UTC (in about 12 min)"
     quota_full: bool = False  # blocked by the user's quota only until they hold less
+    # environment slug: why no GPU of the pool can run it (the service's sentence); offered disabled, saying so
+    closed_environments: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def usable(self) -> bool:
@@ -80,12 +82,14 @@ def choices_for(
     simulated: bool = False,
     expected_waits: Mapping[str, str] | None = None,
     over_quota: Mapping[str, str] | None = None,
+    environments_never_fit: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[ProfileChoice]:
     """Every profile in file order, with its ``(available_now, queued)`` from ``availability`` (by slug,
     missing means ``(0, 0)``) and what blocks it: the group rule first, then ``never_fits`` (slug to the
     sentence :func:`fits_pool` gave), then ``over_quota`` (what the user's quota refuses now). Blocked
     profiles stay in the list so the form can say why. ``expected_waits``: by slug, when one could expect to
-    start if none is free now."""
+    start if none is free now; ``environments_never_fit``: by slug, the environments no GPU of the pool can
+    run, with why (:func:`environments_never_fit`)."""
     groups = frozenset(user_groups)
     choices = []
     for profile in profiles:
@@ -95,15 +99,17 @@ def choices_for(
         blocked = reason or never_fits.get(profile.slug) or quota
         wait = (expected_waits or {}).get(profile.slug, "")
         full = blocked is not None and blocked == quota
-        choices.append(ProfileChoice(profile, available_now, queued, blocked, simulated, wait, full))
+        closed = (environments_never_fit or {}).get(profile.slug, {})
+        choices.append(ProfileChoice(profile, available_now, queued, blocked, simulated, wait, full, closed))
     return choices
 
 
 def from_service(
     profiles: Sequence[Profile], user_groups: Iterable[str], is_admin: bool, live: Availability, now: float
 ) -> list[ProfileChoice]:
-    """:func:`choices_for` with what the service said: counts, never-fits reasons, what the user's quota
-    refuses now, whether the pool is simulated, and when one asked ``now`` could expect to start."""
+    """:func:`choices_for` with what the service said: counts, never-fits reasons (of profiles and of their
+    environments), what the user's quota refuses now, whether the pool is simulated, and when one asked
+    ``now`` could expect to start."""
     waits = {slug: in_words(start, now, time_of_day) for slug, start in live.expected_starts.items()}
     blocked = live.quota_forbids | live.never_fits  # a quota of 0 closes a profile as a group rule does
     if live.backend:  # the service answered: a profile it does not know would be refused at the start
@@ -117,6 +123,7 @@ def from_service(
         simulated=live.simulated,
         expected_waits=waits,
         over_quota=live.over_quota,
+        environments_never_fit=live.environments_never_fit,
     )
 
 
@@ -198,26 +205,7 @@ def _row(choice: ProfileChoice, checked: bool, *, hint_quota: bool) -> str:
     return (
         f'<div class="gpupool-profile" data-slug="{slug}">'
         f'<label for="{field_id}"><input type="radio" name="{FIELD}" id="{field_id}" value="{slug}"{check}> '
-        f"{summary}{_availability(choice)}</label>{_environment_field(profile)}</div>"
-    )
-
-
-def environment_field_name(slug: str) -> str:
-    """The form field of a profile's environment choice (one per profile: only the chosen profile's counts)."""
-    return f"{ENVIRONMENT}-{slug}"
-
-
-def _environment_field(profile: Profile) -> str:
-    if not profile.environments:
-        return ""
-    name = escape(environment_field_name(profile.slug))
-    options = "".join(
-        f'<option value="{escape(e.slug)}"{" selected" if e.default else ""}>{escape(e.describe())}</option>'
-        for e in profile.environments
-    )
-    return (
-        f'<label class="gpupool-environment" for="{name}">Environment '
-        f'<select name="{name}" id="{name}">{options}</select></label>'
+        f"{summary}{_availability(choice)}</label>{environment_field(profile, choice.closed_environments)}</div>"
     )
 
 
@@ -248,14 +236,6 @@ def walltime_of(options: Mapping[str, Any], profile: Profile) -> int | None:
             f"{WALLTIME}: {profile.slug} servers live at most {limit}, got {format_duration(seconds)}"
         )
     return seconds
-
-
-def environment_of(options: Mapping[str, Any], profile: Profile) -> Environment | None:
-    """The environment ``options`` choose for ``profile`` (its default when they name none); raises
-    :class:`UnknownEnvironment` listing the ones it offers."""
-    raw = options.get(ENVIRONMENT)
-    slug = str(raw[0] if isinstance(raw, list) and raw else raw or "").strip() or None
-    return choose(profile.environments, slug, profile.slug)
 
 
 def lease_options(options: Mapping[str, Any], profile: Profile) -> dict[str, Any]:
@@ -308,8 +288,10 @@ def profile_list(choices: Sequence[ProfileChoice]) -> list[dict[str, object]]:
     """KubeSpawner's ``profile_list`` for the usable choices (its form has no disabled rows, so a profile the
     user may not use, or that never fits, is left out; one the user's quota refuses now stays, saying so, as
     a profile that vanished would say nothing): display name, slug, and a description that carries the live
-    availability. No ``kubespawner_override``: the granted lease, not the form, sets the pod's resources,
-    node and environment."""
+    availability. An environment no GPU of the pool can run is left out of the profile's choices for the
+    same reason, and the description says why (``Code built for CUDA 12.4 not offered: needs CUDA 12.4; the
+    A100-40GB's driver 535.104.05 supports up to 12.2 (on a100-01)``). No ``kubespawner_override``: the granted lease, not the form,
+    sets the pod's resources, node and environment."""
     usable = [c for c in choices if c.usable]
     default = next((c for c in usable if c.profile.default), usable[0] if usable else None)
     rows: list[dict[str, object]] = []
@@ -322,7 +304,14 @@ def profile_list(choices: Sequence[ProfileChoice]) -> list[dict[str, object]]:
             if choice.available_now
             else f"none free now, {choice.queued} waiting: you would queue"
         )
-        details = f"{profile.gpu_description()} · {_cpu(profile)} · {_memory(profile)} · {live}"
+        closed = choice.closed_environments
+        # KubeSpawner's choices cannot be disabled: one no GPU can run is left out, and said here
+        unrunnable = [
+            f"{e.display_name} not offered: {closed[e.slug]}"
+            for e in profile.environments
+            if e.slug in closed
+        ]
+        details = " · ".join([profile.gpu_description(), _cpu(profile), _memory(profile), *unrunnable, live])
         if choice.simulated:
             details += " (simulated pool)"
         description = f"{profile.description} — {details}" if profile.description else details
@@ -331,9 +320,12 @@ def profile_list(choices: Sequence[ProfileChoice]) -> list[dict[str, object]]:
             "slug": profile.slug,
             "description": description,
         }
-        if profile.environments:  # KubeSpawner's own vocabulary; the spawner sets the chosen image itself
+        selected = preselected(profile, closed)
+        if selected is not None:  # KubeSpawner's own vocabulary; the spawner sets the chosen image itself
             offered = {
-                e.slug: {"display_name": e.describe(), "default": e.default} for e in profile.environments
+                e.slug: {"display_name": e.describe(), "default": e is selected}
+                for e in profile.environments
+                if e.slug not in closed
             }
             row["profile_options"] = {ENVIRONMENT: {"display_name": "Environment", "choices": offered}}
         if choice is default:

@@ -33,6 +33,7 @@ from ..kube.pods import server_pod_overrides
 from ..pool.environments import ENV_VAR
 from . import form
 from .compat import SpawnException
+from .environment_choice import environment_of
 from .lab_args import LabArgs
 from .leasing import GpuLeasing
 from .user_options import check_user_options
@@ -137,7 +138,7 @@ class KubeGPUSpawner(GpuLeasing, LabArgs, KubeSpawner):  # type: ignore[misc]  #
             setattr(self, name, values[name])
         for name in ("node_affinity_required", "tolerations"):
             setattr(self, name, [*configured[name], *values[name]])
-        chosen = form.environment_of(self.user_options or {}, profile)
+        chosen = environment_of(self.user_options or {}, profile)
         if chosen is not None:  # the profile's choice of software: its image, and its name for jobs to name
             values["environment"] = {**values["environment"], ENV_VAR: chosen.slug}
         self.image = chosen.image if chosen is not None and chosen.image else configured["image"]

@@ -39,6 +39,7 @@ from ..system_groups import system_groups as groups_on_host
 from ..user_accounts import AccountError, UserAccount, ensure_user_account, retire_user_account
 from . import form
 from .compat import SpawnException
+from .environment_choice import environment_field_name, environment_of
 from .lab_args import LabArgs
 from .leasing import GpuLeasing
 from .user_options import check_user_options
@@ -72,7 +73,7 @@ class LocalGPUSpawner(GpuLeasing, LabArgs, LocalProcessSpawner):  # type: ignore
         ``jupyterhub-singleuser`` and ``python`` are that environment's) and its slug in
         ``GPUPOOL_ENVIRONMENT``, which a job submitted from the notebook can name."""
         env: dict[str, str] = super().get_env()
-        chosen = form.environment_of(self.user_options or {}, self.resolve_profile())
+        chosen = environment_of(self.user_options or {}, self.resolve_profile())
         if chosen is not None:
             env[ENV_VAR] = chosen.slug
             if chosen.bin:
@@ -169,7 +170,7 @@ def _profile_from_formdata(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
         values = [v.strip() for v in formdata.get(field, []) if v.strip()]
         if values:
             options[field] = values[0]
-    chosen = formdata.get(form.environment_field_name(options.get(form.FIELD, "")), [])
+    chosen = formdata.get(environment_field_name(options.get(form.FIELD, "")), [])
     if chosen and chosen[0].strip():
         options[ENVIRONMENT] = chosen[0].strip()  # the chosen profile's environment, not another row's
     return options

@@ -3,8 +3,10 @@
 A researcher picks the devices (the profile) and then what runs on them: on Kubernetes a container image, on
 one host a Python environment (its ``bin`` folder goes first on the server's and the job's ``PATH``, so
 ``python`` and ``jupyterhub-singleuser`` are that environment's). An environment may need a least CUDA
-version or compute capability (:mod:`.software`); placement then honours it. A server's environment is in
-its ``GPUPOOL_ENVIRONMENT``, so a job can ask for the same one as the notebook it came from.
+version or compute capability (:mod:`.software`); placement then honours it, and one that no GPU of the pool
+can ever run is shown disabled in the form, saying why, and refused naming the field
+(:func:`.profiles.environments_never_fit`, the same rule as placement's). A server's environment is in its
+``GPUPOOL_ENVIRONMENT``, so a job can ask for the same one as the notebook it came from.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ ENV_VAR = "GPUPOOL_ENVIRONMENT"  # the environment a server or job runs in, as t
 
 class UnknownEnvironment(LookupError):
     """An environment the profile does not offer; the message lists the ones it does."""
+
+
+class UnrunnableEnvironment(ValueError):
+    """An environment the profile offers that no GPU of the pool can ever run; the message names the ones it
+    can and why not this one."""
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,12 @@ profiles file is :mod:`gpupool.spawner.files.profiles_file`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from .devices import Node
-from .environments import Environment, choose, merged
+from .environments import FIELD as ENVIRONMENT
+from .environments import Environment, UnrunnableEnvironment, choose, merged
 from .mig import GEOMETRIES, NotMigCapable, UnknownMigProfile, geometry, profile_memory_gb
 from .products import mib_to_marketed_gb
 from .requests import GpuNeed, MigSlice, Request, WholeGpus
@@ -140,8 +141,9 @@ def find_profile(profiles: Sequence[Profile], slug: str, offered: Sequence[Profi
     raise UnknownProfile(f"unknown profile {slug!r}; choose one of {valid}")
 
 
-def fits_pool(profile: Profile, nodes: Sequence[Node]) -> str | None:
-    """None when an empty, healthy pool of ``nodes`` could serve ``profile``, else a sentence saying why not.
+def fits_pool(profile: Profile, nodes: Sequence[Node], environment: str | None = None) -> str | None:
+    """None when an empty, healthy pool of ``nodes`` could serve ``profile`` (in ``environment``; default: its
+    default one), else a sentence saying why not.
 
     Asks the placement code itself on a fresh state, so the form and real placement can never disagree.
     """
@@ -149,10 +151,32 @@ def fits_pool(profile: Profile, nodes: Sequence[Node]) -> str | None:
     # pay its import (about 0.1 s) at every start.
     from .state import PoolState, Refusal
 
-    outcome = PoolState(nodes, "first-fit").place(profile.request(), f"fits-pool:{profile.slug}")
+    request = profile.request(None, environment)
+    outcome = PoolState(nodes, "first-fit").place(request, f"fits-pool:{profile.slug}")
     if isinstance(outcome, Refusal) and outcome.never_fits:
         return outcome.reason
     return None
+
+
+def environments_never_fit(profile: Profile, nodes: Sequence[Node]) -> dict[str, str]:
+    """Each of ``profile``'s environments that no GPU of ``nodes`` can ever run (a CUDA newer than their driver
+    supports), by slug, with :func:`fits_pool`'s sentence: what the form says beside it and what a lease
+    asking for it is refused with."""
+    found = {e.slug: fits_pool(profile, nodes, e.slug) for e in profile.environments}
+    return {slug: why for slug, why in found.items() if why is not None}
+
+
+def refuse_environment(profile: Profile, slug: str | None, never_fit: Mapping[str, str]) -> None:
+    """Raise :class:`UnrunnableEnvironment` when ``slug`` names one of ``never_fit`` (see
+    :func:`environments_never_fit`), naming the field, the environments the profile's GPUs can run and why
+    not this one. ``None`` (the default environment) is left to placement: the whole profile never fits."""
+    if slug is None or slug not in never_fit:
+        return
+    runnable = [e.slug for e in profile.environments if e.slug not in never_fit]
+    can = ", ".join(runnable) if runnable else "none of its environments"
+    raise UnrunnableEnvironment(
+        f"{ENVIRONMENT}: profile {profile.slug}'s GPUs can run {can}, not {slug!r}: {never_fit[slug]}"
+    )
 
 
 # ---- invariants ------------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ Status codes, mapped once in :func:`_problem_handlers`:
   administrators make), a profile the user's groups may not use, or a quota (``error: "quota_exceeded"``, the
   detail names the limit: releasing a lease, not waiting, is what helps, so it is not a 429);
 - 403 also for a lease of another user (whose it is is not said), 404 — no such lease;
-- 409 — a profile this pool can never serve (queueing it would wait forever);
+- 409 — a profile this pool can never serve (queueing it would wait forever), or an environment of it that no
+  GPU of the pool can run (``fields``: ``environment``; the detail names those it can);
 - 415 — a body sent as anything but JSON (``curl -d`` without ``-H 'Content-Type: application/json'``).
 """
 
@@ -28,6 +29,8 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...names import ADMIN_REQUIRED
+from ...pool.environments import FIELD as ENVIRONMENT
+from ...pool.environments import UnrunnableEnvironment
 from ...pool.profiles import UnknownProfile
 from ...pool.quotas import QuotaExceeded
 from ..leasing.lease_manager import NeverFits
@@ -270,6 +273,9 @@ def _problem_handlers(app: FastAPI) -> None:
     async def never(_request: Request, exc: Exception) -> JSONResponse:
         return problem(409, "never_fits", str(exc), ["profile"])
 
+    async def never_runs(_request: Request, exc: Exception) -> JSONResponse:
+        return problem(409, "never_fits", str(exc), [ENVIRONMENT])
+
     async def not_found(_request: Request, exc: Exception) -> JSONResponse:
         return problem(404, "not_found", str(exc))
 
@@ -281,5 +287,6 @@ def _problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(UnknownProfile, unknown_profile)
     app.add_exception_handler(QuotaExceeded, quota)
     app.add_exception_handler(NeverFits, never)
+    app.add_exception_handler(UnrunnableEnvironment, never_runs)
     app.add_exception_handler(LeaseNotFound, not_found)
     app.add_exception_handler(AdminRequired, admin_required)

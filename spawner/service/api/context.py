@@ -17,7 +17,7 @@ from fastapi import Depends, Header, HTTPException, Request, status
 from ...limits import job_group, server_group
 from ...names import API_PATH
 from ...pool.leases import Lease, LeaseState
-from ...pool.profiles import Profile, find_profile, fits_pool
+from ...pool.profiles import Profile, environments_never_fit, find_profile, fits_pool
 from ...telemetry.activity import ActivityTracker
 from ..jobs.job_manager import JobManager
 from ..leasing.culls import Culls
@@ -87,6 +87,14 @@ class ServiceParts:
         fixed for the service's life, so this is worked out once, not at every ``GET profiles``."""
         nodes = [ns.node for ns in self.manager.pool.nodes]
         return {p.slug: fits_pool(p, nodes) for p in self.profiles}
+
+    @cached_property
+    def environments_never_fit(self) -> dict[str, dict[str, str]]:
+        """Per profile, each environment no GPU of the pool can ever run, with why (see
+        :func:`environments_never_fit`): GET profiles says it, POST leases refuses it. Worked out once, as
+        :attr:`never_fits` is."""
+        nodes = [ns.node for ns in self.manager.pool.nodes]
+        return {p.slug: environments_never_fit(p, nodes) for p in self.profiles}
 
     def profile(self, slug: str) -> Profile | None:
         return next((p for p in self.profiles if p.slug == slug), None)

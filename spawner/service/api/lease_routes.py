@@ -16,6 +16,7 @@ from ...inventory import describe_pool
 from ...kube.resources import kube_grant
 from ...pool.environments import UnknownEnvironment
 from ...pool.leases import Lease, LeaseState
+from ...pool.profiles import refuse_environment
 from ...pool.quotas import standing, standing_in_words, usage
 from ...pool.requests import Request
 from ..leasing.lease_manager import LeaseManager
@@ -71,7 +72,10 @@ async def get_profiles(
         over, forbids = (
             (None, None) if never_fits[p.slug] else _quota_says(manager, name, counted, p.request())
         )
-        row = ProfileOut.from_profile(p, now, queued, never_fits[p.slug], start, simulated=simulated)
+        closed = parts.environments_never_fit[p.slug]
+        row = ProfileOut.from_profile(
+            p, now, queued, never_fits[p.slug], start, environments_never_fit=closed, simulated=simulated
+        )
         rows.append(row.model_copy(update={"over_quota": over, "quota_forbids": forbids}))
     return rows
 
@@ -171,6 +175,7 @@ async def post_lease(
         request = profile.request(body.walltime, body.environment)
     except UnknownEnvironment as error:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(error)) from None
+    refuse_environment(profile, body.environment, parts.environments_never_fit[profile.slug])
     lease = parts.manager.request_lease(
         body.user, groups, body.owner_kind, body.owner_name, profile.slug, request
     )

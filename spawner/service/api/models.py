@@ -6,6 +6,7 @@ wire format changes in one place.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any, Literal
 
@@ -158,14 +159,20 @@ class EnvironmentOut(BaseModel):
     display_name: str = Field(description="the name and what it needs, e.g. 'PyTorch 2.5 (needs CUDA 12.4)'")
     default: bool
     image: str = Field(description="the container image on Kubernetes; '' on one host")
+    never_fits: str | None = Field(
+        default=None,
+        description="why no GPU of the pool can ever run it (the spawn form shows it disabled, saying so, and a "
+        "lease asking for it is refused), or null",
+    )
 
     @classmethod
-    def from_environment(cls, environment: Environment) -> EnvironmentOut:
+    def from_environment(cls, environment: Environment, never_fits: str | None = None) -> EnvironmentOut:
         return cls(
             slug=environment.slug,
             display_name=environment.describe(),
             default=environment.default,
             image=environment.image,
+            never_fits=never_fits,
         )
 
 
@@ -220,8 +227,10 @@ class ProfileOut(BaseModel):
         never_fits: str | None,
         expected_start: float | None = None,
         *,
+        environments_never_fit: Mapping[str, str] | None = None,
         simulated: bool = False,
     ) -> ProfileOut:
+        closed = environments_never_fit or {}
         return cls(
             slug=profile.slug,
             display_name=profile.display_name,
@@ -238,7 +247,9 @@ class ProfileOut(BaseModel):
             idle_timeout=profile.idle_timeout,
             max_lifetime=profile.max_lifetime,
             queue_wait=profile.queue_wait,
-            environments=[EnvironmentOut.from_environment(e) for e in profile.environments],
+            environments=[
+                EnvironmentOut.from_environment(e, closed.get(e.slug)) for e in profile.environments
+            ],
         )
 
 
