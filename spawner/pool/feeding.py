@@ -14,8 +14,6 @@ model-constrained ones; it refuses some rare very large tasks earlier (README).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from itertools import accumulate
 
 from .fragmentation import GpuView, TaskShape, serves_kind
 
@@ -76,7 +74,7 @@ class FeedingMeter:
     def _compute(self, fed: Sequence[int], fresh: Sequence[int], gpus: Sequence[GpuView]) -> float:
         total = sum(free for _, free, _ in gpus)
         models = {product for product, _, _ in gpus}
-        none_serve = _GpuFit(0, float(total), (0,))  # for the shapes wanting models this node lacks
+        none_serve: _GpuFit = (0, float(total), [])  # for the shapes wanting models this node lacks
         fits: dict[tuple[int, frozenset[str]], _GpuFit] = {}  # shapes asking the same of a GPU share one
         expected = 0.0
         for (_, _, gpu_milli, gpu_count, products, weight), tasks, fresh_tasks in zip(
@@ -89,41 +87,37 @@ class FeedingMeter:
             if fit is None and products and products.isdisjoint(models):
                 fit = none_serve
             elif fit is None:
-                fit = fits[(gpu_milli, products)] = _GpuFit.of(gpus, gpu_milli, products)
-            usable = len(fit.usable_below) - 1
-            if usable < gpu_count:
+                fit = fits[(gpu_milli, products)] = _gpu_fit(gpus, gpu_milli, products)
+            right_kind, fragment, usable = fit
+            if len(usable) < gpu_count:
                 expected += weight * total
                 continue
-            never_fed = max(0, fit.right_kind - fresh_tasks * gpu_count)
-            unfed = usable - tasks * gpu_count - never_fed
-            fragment = fit.fragment
+            never_fed = max(0, right_kind - fresh_tasks * gpu_count)
+            unfed = len(usable) - tasks * gpu_count - never_fed
             if unfed > 0:
-                fragment += self.unfed_weight * fit.usable_below[unfed]
+                usable.sort()  # in place: the shapes sharing this fit read it sorted too
+                fragment += self.unfed_weight * sum(usable[:unfed])
             expected += weight * fragment
         return expected
 
 
-@dataclass(frozen=True)
-class _GpuFit:
-    """How a node's GPUs meet one per-GPU need: those of the right kind, and what the usable ones hold free."""
+_GpuFit = tuple[int, float, list[int]]
+"""How a node's GPUs meet one per-GPU need: how many are of a model and mode that could serve it, the free milli
+on those that cannot serve it now, and the free milli of each usable one."""
 
-    right_kind: int  # GPUs whose model and mode could serve the need
-    fragment: float  # free milli on GPUs that cannot serve it now
-    usable_below: tuple[int, ...]  # usable_below[k]: free milli of the k usable GPUs with least free
 
-    @classmethod
-    def of(cls, gpus: Sequence[GpuView], gpu_milli: int, products: frozenset[str]) -> _GpuFit:
-        usable: list[int] = []
-        fragment = 0.0
-        right_kind = 0
-        for product, free, shareable in gpus:
-            if serves_kind(product, shareable, gpu_milli, products):
-                right_kind += 1
-                if free >= gpu_milli:
-                    usable.append(free)
-                    continue
-            fragment += free
-        return cls(right_kind, fragment, tuple(accumulate(sorted(usable), initial=0)))
+def _gpu_fit(gpus: Sequence[GpuView], gpu_milli: int, products: frozenset[str]) -> _GpuFit:
+    usable: list[int] = []
+    fragment = 0.0
+    right_kind = 0
+    for product, free, shareable in gpus:
+        if serves_kind(product, shareable, gpu_milli, products):
+            right_kind += 1
+            if free >= gpu_milli:
+                usable.append(free)
+                continue
+        fragment += free
+    return right_kind, fragment, usable
 
 
 def _tasks(cpu_free: int, memory_free: int, cpu: int, memory: int) -> int:
