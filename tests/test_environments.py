@@ -21,7 +21,7 @@ from gpupool.spawner.files.profiles_file import EXAMPLE_PROFILES, load_profiles,
 from gpupool.spawner.hub.form import ProfileChoice, choices_for, lease_options, profile_list, render_form
 from gpupool.spawner.hub.spawner import _profile_from_formdata
 from gpupool.spawner.pool.environments import UnknownEnvironment, UnrunnableEnvironment
-from gpupool.spawner.pool.profiles import ProfileError, environments_never_fit, refuse_environment
+from gpupool.spawner.pool.profiles import ProfileError, environments_never_fit, fits_pool, refuse_environment
 from gpupool.spawner.service.jobs.processes import Identity
 from gpupool.spawner.service.jobs.submission import CheckedJob, InvalidJob
 from gpupool.widgets.jobs import submission
@@ -87,6 +87,18 @@ def test_an_environment_no_gpu_can_run_is_shown_disabled_saying_why_and_left_out
     with pytest.raises(UnrunnableEnvironment) as refused:  # what POST leases says to a spawn naming it anyway
         refuse_environment(A100_PAIR, "cuda-12-4", closed["a100-pair"])
     assert str(refused.value) == f"environment: profile a100-pair's GPUs can run lab, not 'cuda-12-4': {why}"
+
+
+def test_a_profile_no_gpu_can_serve_is_refused_for_itself_not_for_its_environment() -> None:
+    """On a pool without A100s every environment of a100-pair "never fits"; the hub always names one, so
+    POST leases blamed the environment ("can run none of its environments, not 'lab'") where the profile
+    is what the pool cannot serve (from the review)."""
+    without_a100s = [n for n in load_pool_file(DEMO_POOL) if "A100-40GB" not in n.products]
+    assert fits_pool(A100_PAIR, without_a100s) is not None  # the profile's own refusal stands
+    assert environments_never_fit(A100_PAIR, without_a100s) == {}
+    refuse_environment(
+        A100_PAIR, "lab", environments_never_fit(A100_PAIR, without_a100s)
+    )  # left to placement
 
 
 def test_an_unknown_environment_is_refused_listing_the_profiles_ones() -> None:

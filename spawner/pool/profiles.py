@@ -161,9 +161,11 @@ def fits_pool(profile: Profile, nodes: Sequence[Node], environment: str | None =
 def environments_never_fit(profile: Profile, nodes: Sequence[Node]) -> dict[str, str]:
     """Each of ``profile``'s environments that no GPU of ``nodes`` can ever run (a CUDA newer than their driver
     supports), by slug, with :func:`fits_pool`'s sentence: what the form says beside it and what a lease
-    asking for it is refused with."""
+    asking for it is refused with. Empty when none of them can: then the profile itself never fits, and a
+    refusal naming the environment would blame the researcher's choice for the pool's shape."""
     found = {e.slug: fits_pool(profile, nodes, e.slug) for e in profile.environments}
-    return {slug: why for slug, why in found.items() if why is not None}
+    unrunnable = {slug: why for slug, why in found.items() if why is not None}
+    return {} if len(unrunnable) == len(found) else unrunnable
 
 
 def refuse_environment(profile: Profile, slug: str | None, never_fit: Mapping[str, str]) -> None:
@@ -172,10 +174,9 @@ def refuse_environment(profile: Profile, slug: str | None, never_fit: Mapping[st
     not this one. ``None`` (the default environment) is left to placement: the whole profile never fits."""
     if slug is None or slug not in never_fit:
         return
-    runnable = [e.slug for e in profile.environments if e.slug not in never_fit]
-    can = ", ".join(runnable) if runnable else "none of its environments"
+    runnable = ", ".join(e.slug for e in profile.environments if e.slug not in never_fit)
     raise UnrunnableEnvironment(
-        f"{ENVIRONMENT}: profile {profile.slug}'s GPUs can run {can}, not {slug!r}: {never_fit[slug]}"
+        f"{ENVIRONMENT}: profile {profile.slug}'s GPUs can run {runnable}, not {slug!r}: {never_fit[slug]}"
     )
 
 
