@@ -1,4 +1,4 @@
-"""The ``gpupool`` command's entry point: a Ctrl-C ends any command with one line, never a traceback.
+"""The installed ``gpupool`` command's entry point: a Ctrl-C ends any command with one line, never a traceback.
 
 The command's own module imports JupyterHub, so it is imported here, inside the guard: a Ctrl-C in the first
 second of ``gpupool up`` (or ``make run``) lands in those imports, later ones in the pool's discovery, the

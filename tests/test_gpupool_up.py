@@ -336,8 +336,11 @@ def test_ctrl_c_while_gpupool_up_starts_ends_it_in_one_line(start: tuple[Path, i
             os.killpg(process.pid, signal.SIGKILL)
     output = log.read_text(errors="replace")
     assert "Traceback" not in output, output
-    # JupyterHub answers a Ctrl-C itself once its signal handlers are in: then it stops as it always does
-    assert (code, output.splitlines()[-1]) == (130, "gpupool: interrupted (Ctrl-C)") or code == 0, output
+    # The guard says so and exits 130; a Ctrl-C before Python's own handler is in ends the process at once
+    # (−2, nothing printed), and once JupyterHub's handlers are in it stops as it always does (0).
+    assert code in (130, -signal.SIGINT, 0), output
+    if code == 130:
+        assert output.splitlines()[-1] == "gpupool: interrupted (Ctrl-C)", output
 
 
 def test_a_restart_keeps_the_password_and_both_databases(start: tuple[Path, int]) -> None:
