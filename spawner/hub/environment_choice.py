@@ -30,6 +30,12 @@ def unrunnable_text(environment: Environment, why: str) -> str:
     return f"{environment.display_name} — cannot run on this profile's GPUs: {why}"
 
 
+def not_offered_text(environment: Environment, why: str) -> str:
+    """The same said in a Kubernetes profile's description, where KubeSpawner's choices cannot be disabled and
+    the environment is left out instead: ``Code built for CUDA 12.4 not offered: needs CUDA 12.4; …``."""
+    return f"{environment.display_name} not offered: {why}"
+
+
 def environment_field(profile: Profile, closed: Mapping[str, str]) -> str:
     """The profile's environments as a select; one no GPU of the pool can run is a disabled option saying why
     (the service would refuse it: :func:`gpupool.spawner.pool.profiles.refuse_environment`)."""

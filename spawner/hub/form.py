@@ -17,7 +17,7 @@ from ..client.leases import Availability
 from ..pool.environments import FIELD as ENVIRONMENT  # the spawners read it here too
 from ..pool.expected_start import in_words, time_of_day
 from ..pool.profiles import Profile, UnknownProfile, format_duration, parse_duration
-from .environment_choice import environment_field, environment_of, preselected
+from .environment_choice import environment_field, environment_of, not_offered_text, preselected
 
 FIELD = "profile"  # the form field and the REST body key that name the chosen profile's slug
 WALLTIME = "walltime"  # how long the user expects to need the server: what the queue's estimates go by
@@ -289,9 +289,8 @@ def profile_list(choices: Sequence[ProfileChoice]) -> list[dict[str, object]]:
     user may not use, or that never fits, is left out; one the user's quota refuses now stays, saying so, as
     a profile that vanished would say nothing): display name, slug, and a description that carries the live
     availability. An environment no GPU of the pool can run is left out of the profile's choices for the
-    same reason, and the description says why (``Code built for CUDA 12.4 not offered: needs CUDA 12.4; the
-    A100-40GB's driver 535.104.05 supports up to 12.2 (on a100-01)``). No ``kubespawner_override``: the granted lease, not the form,
-    sets the pod's resources, node and environment."""
+    same reason, and the description says why (:func:`not_offered_text`). No ``kubespawner_override``: the
+    granted lease, not the form, sets the pod's resources, node and environment."""
     usable = [c for c in choices if c.usable]
     default = next((c for c in usable if c.profile.default), usable[0] if usable else None)
     rows: list[dict[str, object]] = []
@@ -306,11 +305,7 @@ def profile_list(choices: Sequence[ProfileChoice]) -> list[dict[str, object]]:
         )
         closed = choice.closed_environments
         # KubeSpawner's choices cannot be disabled: one no GPU can run is left out, and said here
-        unrunnable = [
-            f"{e.display_name} not offered: {closed[e.slug]}"
-            for e in profile.environments
-            if e.slug in closed
-        ]
+        unrunnable = [not_offered_text(e, closed[e.slug]) for e in profile.environments if e.slug in closed]
         details = " · ".join([profile.gpu_description(), _cpu(profile), _memory(profile), *unrunnable, live])
         if choice.simulated:
             details += " (simulated pool)"
