@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import nbformat
 import pytest
-from hub_harness import RunningHub, free_ports, write_hub_config
+from hub_harness import ADMIN_SCOPES, RunningHub, free_ports, write_hub_config
 from job_user import clean_home, job_user, python_with_numpy, train_script, user_dir
 from nbclient import NotebookClient
 from polling import until
@@ -54,6 +54,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
         pool_file=DEMO_POOL,
         hub_client_token=HUB_CLIENT_TOKEN,
         service_env=service_env,
+        admin_scopes=(*ADMIN_SCOPES, "admin:groups"),  # a test puts the job user in a group for a while
     )
     with RunningHub(tmp, ports, ADMIN_TOKEN, service_env=service_env, fail=pytest.fail) as hub:
         for name in (user, "bob"):
@@ -241,6 +242,26 @@ def test_another_user_never_sees_follows_or_cancels_a_job_and_needs_an_account_t
         no_account = bob.post("/jobs", json={"command": ["true"], "profile": "cpu"})
         assert no_account.status_code == 403 and "bob has no system account" in no_account.json()["detail"]
         assert me.delete(f"/jobs/{job['id']}").json()["state"] == "cancelled"
+
+
+def test_a_job_in_an_environment_no_gpu_of_its_profile_can_run_is_refused_naming_the_environment(
+    hub: Hub,
+) -> None:
+    """The demo's A100s run driver 535 (CUDA 12.2). A job asking for a100-pair's CUDA 12.4 environment was
+    refused as if the profile were at fault (409 on ``profile``: "never fits"), where POST leases named the
+    environment and the ones that can run (from the review of the environments change)."""
+    member = hub.api("POST", "groups/gpu-users", json={"users": [job_user()]})
+    assert member.status_code == 201, member.text
+    try:
+        with hub.as_user("me") as me:
+            body = {"command": ["sleep", "30"], "profile": "a100-pair"}
+            refused = me.post("/jobs", json=body | {"environment": "cuda-12-4"})
+            assert refused.status_code == 409 and refused.json()["fields"] == ["environment"], refused.text
+            assert "profile a100-pair's GPUs can run lab, not 'cuda-12-4': needs CUDA 12.4" in refused.text
+            job = submit(me, body["command"], profile="a100-pair", environment="lab")
+            assert me.delete(f"/jobs/{job['id']}").json()["state"] == "cancelled"
+    finally:
+        assert hub.api("DELETE", "groups/gpu-users").status_code == 204
 
 
 def test_an_injected_gpu_fault_requeues_the_training_job_which_resumes_from_its_checkpoint(hub: Hub) -> None:

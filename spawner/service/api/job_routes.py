@@ -4,7 +4,8 @@ Mounted by :func:`.app.create_app` beside the lease routes, with the same conven
 ``Problem``; 400 names the field (an empty command, a working directory outside the home, an unknown profile,
 a runtime over the profile's limit); 403 for a job of another user (whose it is is not said), a profile the
 user's groups may not use, a quota or the cap on queued jobs (``quota_exceeded``), and a user with no system
-account to run as; 404 for no such job; 409 for a ``submission_id`` reused for a different job. Users see
+account to run as; 404 for no such job; 409 for a ``submission_id`` reused for a different job and for an
+environment no GPU of the profile can run. Users see
 and touch only their own jobs; admins (``custom:gpupool:admin``) and the hub (``custom:gpupool:leases``) see
 all. This module has no ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
 """
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from ...pool.job_states import Job, JobState
 from ...pool.preemption import PREEMPTED
+from ...pool.profiles import refuse_environment
 from ...user_accounts import AccountError
 from ..jobs.job_manager import JobManager
 from ..jobs.runner import NoHome
@@ -67,7 +69,9 @@ async def post_job(body: JobRequest, parts: PartsDep, caller: CallerDep, respons
             "jobs run as a user; submit with a user's token (in their notebook it is already set; else the "
             "user makes one on the hub's token page, /hub/token, for JUPYTERHUB_API_TOKEN)",
         )
-    usable_profile(jobs.profiles, body.profile, caller.groups, caller.uses_every_profile)  # else 400 or 403
+    # an unknown profile is a 400, one the user's groups may not use a 403, an environment it cannot run a 409
+    profile = usable_profile(jobs.profiles, body.profile, caller.groups, caller.uses_every_profile)
+    refuse_environment(profile, body.environment, parts.environments_never_fit[profile.slug])
     ask = Submission(
         profile=body.profile,
         command=body.command,
