@@ -237,6 +237,14 @@ profiles:
     environments:
       - {slug: lab, display_name: JupyterLab, default: true}
       - {slug: cuda-12-4, display_name: Code built for CUDA 12.4, min_cuda: "12.4"}
+  - slug: a100-new
+    display_name: One A100, newest CUDA first
+    gpus: {count: 1, products: [A100-40GB]}
+    cpu: 1
+    memory: 2GiB
+    environments:
+      - {slug: lab, display_name: JupyterLab}
+      - {slug: cuda-12-4, display_name: Code built for CUDA 12.4, min_cuda: "12.4", default: true}
 """
 
 
@@ -275,6 +283,28 @@ def test_an_environment_the_drivers_cannot_run_is_disabled_saying_why_and_a_rest
         assert _server(hub, admin, "frank") is None
         active = admin.get(f"{hub.service_api}/leases", params={"active_only": True}).json()
         assert [lease for lease in active if lease["user"] == "frank"] == []
+
+
+def test_a_profile_whose_default_environment_the_drivers_cannot_run_is_offered_in_one_they_can(
+    old_driver_hub: Hub,
+) -> None:
+    """A profile whose *default* environment no GPU could run was closed as a whole ("can never start"), though
+    its other environment runs on every GPU of the pool (from the review of the environments change)."""
+    hub = old_driver_hub
+    html = _spawn_page(hub, "frank")
+    assert 'value="a100-new">' in html and 'data-slug="a100-new" aria-disabled' not in html
+    form = html[html.index('name="environment-a100-new"') :]
+    assert form.index('<option value="lab" selected>JupyterLab</option>') < form.index("</select>")
+    with hub.admin() as admin:
+        profiles = {p["slug"]: p for p in admin.get(f"{hub.service_api}/profiles").json()}
+        assert profiles["a100-new"]["never_fits"] is None and profiles["a100-new"]["available_now"] == 2
+        # a REST spawn naming no environment asks for the default, and is told which one can run
+        refused = admin.post(f"{hub.hub_api}/users/frank/server", json={"profile": "a100-new"}, timeout=30)
+        assert refused.status_code == 409, refused.text
+        said = refused.json()["message"]
+        assert "environment: profile a100-new's GPUs can run lab, not 'cuda-12-4'" in said
+    logged = "profile a100-new's environment cuda-12-4 never runs on this pool: needs CUDA 12.4"
+    assert logged in hub.log.read_text()  # said at the start, to the admin
 
 
 def test_two_users_start_at_once_and_get_disjoint_devices_pinned_in_their_environment(hub: Hub) -> None:

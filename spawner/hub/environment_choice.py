@@ -9,19 +9,12 @@ from typing import Any
 
 from ..pool.environments import FIELD as ENVIRONMENT
 from ..pool.environments import Environment, choose
-from ..pool.profiles import Profile
+from ..pool.profiles import Profile, preselected_environment
 
 
 def environment_field_name(slug: str) -> str:
     """The form field of a profile's environment choice (one per profile: only the chosen profile's counts)."""
     return f"{ENVIRONMENT}-{slug}"
-
-
-def preselected(profile: Profile, closed: Mapping[str, str]) -> Environment | None:
-    """The environment the form selects at first: the profile's default (else its first), unless no GPU can
-    run it (``closed``), then the first one that can."""
-    runnable = [e for e in profile.environments if e.slug not in closed]
-    return next((e for e in runnable if e.default), runnable[0] if runnable else None)
 
 
 def unrunnable_text(environment: Environment, why: str) -> str:
@@ -42,7 +35,7 @@ def environment_field(profile: Profile, closed: Mapping[str, str]) -> str:
     if not profile.environments:
         return ""
     name = escape(environment_field_name(profile.slug))
-    selected = preselected(profile, closed)
+    selected = preselected_environment(profile, closed)
     options = "".join(_environment_option(e, closed.get(e.slug), e is selected) for e in profile.environments)
     return (
         f'<label class="gpupool-environment" for="{name}">Environment '

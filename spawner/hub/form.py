@@ -16,8 +16,8 @@ from typing import Any
 from ..client.leases import Availability
 from ..pool.environments import FIELD as ENVIRONMENT  # the spawners read it here too
 from ..pool.expected_start import in_words, time_of_day
-from ..pool.profiles import Profile, UnknownProfile, format_duration, parse_duration
-from .environment_choice import environment_field, environment_of, not_offered_text, preselected
+from ..pool.profiles import Profile, UnknownProfile, format_duration, parse_duration, preselected_environment
+from .environment_choice import environment_field, environment_of, not_offered_text
 
 FIELD = "profile"  # the form field and the REST body key that name the chosen profile's slug
 WALLTIME = "walltime"  # how long the user expects to need the server: what the queue's estimates go by
@@ -315,7 +315,7 @@ def profile_list(choices: Sequence[ProfileChoice]) -> list[dict[str, object]]:
             "slug": profile.slug,
             "description": description,
         }
-        selected = preselected(profile, closed)
+        selected = preselected_environment(profile, closed)
         if selected is not None:  # KubeSpawner's own vocabulary; the spawner sets the chosen image itself
             offered = {
                 e.slug: {"display_name": e.describe(), "default": e is selected}

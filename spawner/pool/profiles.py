@@ -168,10 +168,21 @@ def environments_never_fit(profile: Profile, nodes: Sequence[Node]) -> dict[str,
     return {} if len(unrunnable) == len(found) else unrunnable
 
 
+def preselected_environment(profile: Profile, never_fit: Mapping[str, str]) -> Environment | None:
+    """The environment ``profile`` is offered in at first: its default (else its first), unless no GPU can
+    run it (``never_fit``, see :func:`environments_never_fit`), then the first one that can. The form
+    preselects it; whether the profile fits the pool, and how many could start now, is judged in it."""
+    runnable = [e for e in profile.environments if e.slug not in never_fit]
+    return next((e for e in runnable if e.default), runnable[0] if runnable else None)
+
+
 def refuse_environment(profile: Profile, slug: str | None, never_fit: Mapping[str, str]) -> None:
-    """Raise :class:`UnrunnableEnvironment` when ``slug`` names one of ``never_fit`` (see
-    :func:`environments_never_fit`), naming the field, the environments the profile's GPUs can run and why
-    not this one. ``None`` (the default environment) is left to placement: the whole profile never fits."""
+    """Raise :class:`UnrunnableEnvironment` when ``slug`` (``None``: the profile's default) names one of
+    ``never_fit`` (see :func:`environments_never_fit`), naming the field, the environments the profile's GPUs
+    can run and why not this one."""
+    if slug is None:
+        default = choose(profile.environments, None, profile.slug)
+        slug = default.slug if default is not None else None
     if slug is None or slug not in never_fit:
         return
     runnable = ", ".join(e.slug for e in profile.environments if e.slug not in never_fit)

@@ -200,6 +200,9 @@ def assemble(settings: ServiceSettings) -> Service:
     for slug, why in parts.never_fits.items():  # the spawn form says so too, but only once someone opens it
         if why is not None:
             log.warning("profile %s can never start on this pool: %s", slug, why)
+        closed = parts.environments_never_fit[slug]  # worked out here, not in the first GET profiles
+        for environment, unrunnable in closed.items():  # the form shows it disabled, saying this
+            log.info("profile %s's environment %s never runs on this pool: %s", slug, environment, unrunnable)
     cluster = kube.follow(manager, parts.health) if kube is not None else None
     if cluster is not None:
         from .kube_pool import KubeSampler

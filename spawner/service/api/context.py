@@ -17,7 +17,14 @@ from fastapi import Depends, Header, HTTPException, Request, status
 from ...limits import job_group, server_group
 from ...names import API_PATH
 from ...pool.leases import Lease, LeaseState
-from ...pool.profiles import Profile, environments_never_fit, find_profile, fits_pool
+from ...pool.profiles import (
+    Profile,
+    environments_never_fit,
+    find_profile,
+    fits_pool,
+    preselected_environment,
+)
+from ...pool.requests import Request as PoolRequest  # what a server or job asks of the pool
 from ...telemetry.activity import ActivityTracker
 from ..jobs.job_manager import JobManager
 from ..leasing.culls import Culls
@@ -83,10 +90,12 @@ class ServiceParts:
 
     @cached_property
     def never_fits(self) -> dict[str, str | None]:
-        """Per profile, why no node of the pool could ever serve it (None: some node could). The nodes are
-        fixed for the service's life, so this is worked out once, not at every ``GET profiles``."""
+        """Per profile, why no node of the pool could ever serve it (None: some node could), judged in the
+        environment it is offered in (:meth:`offered_request`): a default environment no GPU can run closes
+        that environment, not the profile. The nodes are fixed for the service's life, so this is worked out
+        once, not at every ``GET profiles``."""
         nodes = [ns.node for ns in self.manager.pool.nodes]
-        return {p.slug: fits_pool(p, nodes) for p in self.profiles}
+        return {p.slug: fits_pool(p, nodes, self._offered_environment(p)) for p in self.profiles}
 
     @cached_property
     def environments_never_fit(self) -> dict[str, dict[str, str]]:
@@ -95,6 +104,15 @@ class ServiceParts:
         :attr:`never_fits` is."""
         nodes = [ns.node for ns in self.manager.pool.nodes]
         return {p.slug: environments_never_fit(p, nodes) for p in self.profiles}
+
+    def offered_request(self, profile: Profile) -> PoolRequest:
+        """What ``profile`` asks of the pool in the environment the form preselects: what GET profiles counts
+        as free now, and judges the quota and the expected start by."""
+        return profile.request(None, self._offered_environment(profile))
+
+    def _offered_environment(self, profile: Profile) -> str | None:
+        chosen = preselected_environment(profile, self.environments_never_fit[profile.slug])
+        return chosen.slug if chosen is not None else None
 
     def profile(self, slug: str) -> Profile | None:
         return next((p for p in self.profiles if p.slug == slug), None)

@@ -63,15 +63,15 @@ async def get_profiles(
     ]
     never_fits = parts.never_fits
     manager = parts.manager
-    counts = manager.availability({p.slug: p.request() for p in usable if never_fits[p.slug] is None})
+    asks = {p.slug: parts.offered_request(p) for p in usable}
+    counts = manager.availability({slug: ask for slug, ask in asks.items() if never_fits[slug] is None})
     simulated = parts.simulated
     rows = []
     for p in usable:
         now, queued = counts.get(p.slug, (0, 0))
-        start = manager.expected_start_of_new(p.request()) if not now and not never_fits[p.slug] else None
-        over, forbids = (
-            (None, None) if never_fits[p.slug] else _quota_says(manager, name, counted, p.request())
-        )
+        ask = asks[p.slug]
+        start = manager.expected_start_of_new(ask) if not now and not never_fits[p.slug] else None
+        over, forbids = (None, None) if never_fits[p.slug] else _quota_says(manager, name, counted, ask)
         closed = parts.environments_never_fit[p.slug]
         row = ProfileOut.from_profile(
             p, now, queued, never_fits[p.slug], start, environments_never_fit=closed, simulated=simulated
