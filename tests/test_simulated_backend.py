@@ -9,13 +9,19 @@ import pytest
 import yaml
 
 from gpupool.spawner.backends.simulated import (
-    BACKEND_LABEL,
     DEMO_POOL,
     PoolFileError,
     load_pool_file,
     parse_pool,
 )
-from gpupool.spawner.pool.devices import SIMULATED_LABEL, GpuMode, Health, Node, pool_is_simulated
+from gpupool.spawner.pool.devices import (
+    BACKEND_LABEL,
+    SIMULATED_LABEL,
+    GpuMode,
+    Health,
+    Node,
+    pool_is_simulated,
+)
 from gpupool.spawner.pool.mig import GEOMETRIES, Placement, layout_problem
 from gpupool.spawner.pool.requests import GpuShare, MigSlice, Request, WholeGpus
 from gpupool.spawner.pool.state import Allocation, PoolState

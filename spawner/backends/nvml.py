@@ -16,11 +16,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from types import ModuleType
 
-from ..pool.devices import Gpu, GpuMode, Node
+from ..pool.devices import BACKEND_LABEL, Gpu, GpuMode, Node
 from ..pool.products import UnknownProduct, normalize_product
 from .nvml_access import MIB, NvmlUnavailable, Probe, gpu_count, start, stop, text
 from .nvml_mig import mig_handles, mig_profile_for_nvml_id, read_mig
-from .simulated import BACKEND_LABEL
 
 log = logging.getLogger(__name__)
 

@@ -41,12 +41,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..files.yaml_fields import check_fields, kind, load_yaml, parse_memory_mib, read_text, required_field
-from ..pool.devices import FULL_MILLI, SIMULATED_LABEL, Gpu, GpuMode, Health, MigInstance, Node
+from ..pool.devices import BACKEND_LABEL, FULL_MILLI, SIMULATED_LABEL, Gpu, GpuMode, Health, MigInstance, Node
 from ..pool.mig import Placement, fit, geometry, layout_problem, profile_memory_gb, why_not_fit
 from ..pool.products import PRODUCTS, UnknownProduct, normalize_product
 from ..pool.software import cuda_of_driver, version
 
-BACKEND_LABEL = "gpupool.io/backend"
 DEMO_POOL: Path = Path(str(files("gpupool.hub_config").joinpath("pools", "demo.yaml")))
 
 _TOP_FIELDS = ("nodes",)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..pool import mig
-from ..pool.devices import Node
+from ..pool.devices import BACKEND_LABEL, Node
 from .gfd import (
     GPU_RESOURCE,
     MIG_CONFIG_STATE,
@@ -55,7 +55,6 @@ from .gfd import (
 from .node_gpus import node_gpus
 from .pod_usage import external_usage
 
-BACKEND_LABEL = "gpupool.io/backend"
 SHARES_LABEL = "gpupool.io/shared-resource"  # set by parse_node: the resource this node's GPU shares go by
 
 # Taints GPU nodes carry on purpose and gpupool's pods tolerate; any other NoSchedule/NoExecute taint keeps

@@ -12,6 +12,8 @@ from enum import StrEnum
 # "true" on a node whose GPUs are made up: a pool file's (the simulated backend), or one that gpupool's stand-in
 # kubelet registers (``gpupool kube up``). A real node never carries it.
 SIMULATED_LABEL = "gpupool.io/simulated"
+# which backend found a node: "simulated", "nvml" or "kubernetes"
+BACKEND_LABEL = "gpupool.io/backend"
 
 
 class Health(StrEnum):
