@@ -12,11 +12,13 @@ place while root is preparing it.
 from __future__ import annotations
 
 import contextlib
+import grp
 import hashlib
 import os
 import pwd
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import time
@@ -29,6 +31,9 @@ NAME_LIMIT = 32  # useradd's longest name
 # The hub user an account belongs to, in its comment field: a look-alike account made by someone else (or
 # another user's name that maps to the same account name) is refused, never run as.
 TAG = "gpupool user "
+# A retired account's name, before its uid: no hub user's account name has this form (``account_name``'s
+# digests are ten characters after the dot), so a retired account is never run as again.
+RETIRED = PREFIX + "retired."
 # Where useradd and nologin are, whatever PATH the hub or the service was given (users' Python first).
 SYSTEM_PATH = "/usr/sbin:/sbin:/usr/bin:/bin"
 _SIMPLE = re.compile(r"[a-z][a-z0-9_-]*")
@@ -127,8 +132,11 @@ def _hand_over(descriptor: int, home: str, owner: int, uid: int, gid: int) -> No
 
 
 def retire_user_account(user: str, homes: str) -> str | None:
-    """When the hub deletes ``user``: their home moves to ``homes/.deleted/<user>-<time>`` (root's alone) and
-    their account is removed, so a new hub user of the same name starts with neither. What is left to an
+    """When the hub deletes ``user``: their home moves to ``homes/.deleted/<user>-<time>`` (root's alone), what
+    still runs as their account is killed, and the account is retired, never removed: renamed
+    ``gp-retired.<uid>``, locked, its tag gone. A new hub user of the same name then gets a new account with a
+    new uid, and no later account is ever given this uid (``userdel`` freed it, and the next ``useradd`` took
+    it with the old user's files in ``/tmp`` and wherever else they had written). What is left to an
     administrator, in words (None when nothing is)."""
     home, attic = os.path.join(homes, user), os.path.join(homes, ".deleted")
     if os.path.isdir(home) and not os.path.islink(home):
@@ -140,11 +148,66 @@ def retire_user_account(user: str, homes: str) -> str | None:
     entry = _entry(name)
     if entry is None or entry.pw_gecos != TAG + _digest(user):
         return None
-    userdel = shutil.which("userdel", path=SYSTEM_PATH) or "userdel"
-    result = subprocess.run([userdel, name], capture_output=True, text=True)
-    if result.returncode != 0:  # processes still run as it (a job): the home is gone, the account stays
-        return f"the account {name} stays: {result.stderr.strip()}"
+    _end_processes(entry.pw_uid)
+    retired = f"{RETIRED}{entry.pw_uid}"
+    usermod = shutil.which("usermod", path=SYSTEM_PATH) or "usermod"
+    nologin = shutil.which("nologin", path=SYSTEM_PATH) or "/bin/false"
+    changes = ["--login", retired, "--comment", f"gpupool retired account of a deleted hub user ({user})"]
+    changes += ["--lock", "--expiredate", "1", "--shell", nologin]
+    result = _locked_retry([usermod, *changes, name])
+    if result.returncode != 0:
+        return f"the account {name} stays as it was: {result.stderr.strip()}"
+    group = _group(entry.pw_gid)
+    if group == name:  # useradd --user-group made it; its name is free for the new account's group
+        groupmod = shutil.which("groupmod", path=SYSTEM_PATH) or "groupmod"
+        result = _locked_retry([groupmod, "--new-name", retired, name])
+        if result.returncode != 0:
+            return f"the group {name} stays: {result.stderr.strip()}"
     return None
+
+
+def _end_processes(uid: int, wait_s: float = 5.0) -> None:
+    """SIGKILL every process whose real or effective uid is ``uid``, and wait (a while) until none is left:
+    the account cannot be renamed while one runs, and nothing of a deleted user should."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        running = [pid for pid in _pids() if uid in _uids_of(pid)]
+        if not running or time.monotonic() > deadline:
+            return
+        for pid in running:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def _pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _uids_of(pid: int) -> set[int]:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            line = next((line for line in status if line.startswith("Uid:")), "")
+    except OSError:  # it ended meanwhile
+        return set()
+    return {int(uid) for uid in line.split()[1:3]}
+
+
+def _group(gid: int) -> str | None:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return None
+
+
+def _locked_retry(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` (useradd, usermod, groupmod), again while another process holds the passwd lock."""
+    for _attempt in range(20):
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode == 0 or "lock" not in result.stderr:
+            return result
+        time.sleep(0.1)
+    return result
 
 
 def _useradd(name: str, user: str, home: str) -> pwd.struct_passwd:

@@ -22,6 +22,7 @@ import httpx
 import pytest
 from hub_harness import environ_of
 from jupyterhub.app import JupyterHub
+from polling import until
 from traitlets.config import Config, PyFileConfigLoader
 from up_harness import (
     api_token,
@@ -36,6 +37,7 @@ from up_harness import (
 )
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
+from gpupool.spawner.client import GpupoolError
 from gpupool.spawner.hub.spawner import LocalGPUSpawner, SimpleLocalGPUSpawner
 from gpupool.spawner.hub.up import ENV, demo_password, embedded_config, prepare, spawner_token
 from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
@@ -163,13 +165,59 @@ def test_as_root_each_users_server_and_jobs_run_as_an_account_of_their_own(start
             assert hub.delete("/users/demo/server").status_code in (202, 204)
 
             # mallory only ever ran jobs; deleting her takes her account and home too, so that a newcomer
-            # let in under her name starts with nothing of hers
+            # let in under her name starts with nothing of hers. A hostile-user trial deleted a user whose
+            # job still ran: it ran on, and the newcomer listed it, read its env and ran as its uid.
+            uid = pwd.getpwnam(account_name("mallory")).pw_uid
+            secret = {"WANDB_API_KEY": "mallory's own"}
+            running = submit(["sleep", "600"], "cpu", connection=mallory, env=secret)
+            until(lambda: running.model()["state"] == "running", "mallory's job to run")
+            assert _processes_of(uid)
             assert hub.delete("/users/mallory").status_code == 204
+            assert not _processes_of(uid)  # cancelled before her account went
             with pytest.raises(KeyError):
                 pwd.getpwnam(account_name("mallory"))
             assert not Path(DEFAULT_HOMES, "mallory").exists()
+            retired = pwd.getpwuid(uid).pw_name  # kept, so that no later account gets her uid
+            assert retired == f"gp-retired.{uid}"
+            scopes = ["custom:gpupool:admin", "access:services!service=gpupool"]
+            demo = hub.post("/users/demo/tokens", json={"scopes": scopes})
+            assert demo.status_code == 201, demo.text
+            admin = Connection(f"{up.url}/services/gpupool/", demo.json()["token"])
+            kept = admin.call("GET", f"jobs/{running.id}")
+            assert kept["state"] == "cancelled" and kept["user"].startswith("mallory/deleted ")
+            assert kept["reason"] == "cancelled by the hub: the user was deleted"
+
+            assert hub.post("/users/mallory").status_code == 201  # a newcomer under her name
+            made = hub.post("/users/mallory/tokens", json={"scopes": ["access:services!service=gpupool"]})
+            newcomer = Connection(f"{up.url}/services/gpupool/", made.json()["token"])
+            assert newcomer.call("GET", "jobs") == []
+            with pytest.raises(GpupoolError) as refused:
+                newcomer.call("GET", f"jobs/{running.id}")
+            assert refused.value.status == 403
+            job = submit(["id", "-u"], "cpu", connection=newcomer)
+            assert job.wait(timeout=60, poll=0.2) == "succeeded", job.model()
+            newcomers_uid = int(job.logs())
+            assert newcomers_uid != uid
+            assert hub.delete("/users/mallory").status_code == 204
+            for left in (uid, newcomers_uid):  # the test's own clean-up of the retired accounts
+                name = pwd.getpwuid(left).pw_name
+                subprocess.run(["userdel", name], check=True)
+                subprocess.run(["groupdel", name], check=False)
     finally:
         up.stop()
+
+
+def _processes_of(uid: int) -> list[int]:
+    """The processes running as ``uid``."""
+    pids = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    return [pid for pid in pids if uid in _uids_or_none(pid)]
+
+
+def _uids_or_none(pid: int) -> set[int]:
+    try:
+        return _uids(pid)
+    except (OSError, ValueError):  # it ended meanwhile
+        return set()
 
 
 def _uids(pid: int) -> set[int]:

@@ -402,3 +402,24 @@ def test_an_environment_is_asked_for_with_the_lease_and_one_no_gpu_can_run_is_re
         offered = {e["slug"]: e["never_fits"] for e in profiles["a100-pair"]["environments"]}
         assert offered == {"lab": None, "cuda-12-4": why}
         assert spawner.delete(f"/leases/{lease['id']}").status_code == 200
+
+
+def test_a_deleted_user_is_retired_by_the_hub_or_an_admin_only_and_their_records_filed_away(hub: Hub) -> None:
+    """``DELETE users/{user}``, which the hub's spawner asks as JupyterHub deletes a user (a hostile-user trial:
+    a newcomer given a deleted user's name listed and cancelled the old one's jobs): a user may not ask it;
+    the hub's ask releases what the deleted user held and renames their records to a name no user has."""
+    lease = _new_lease(hub, "erin", "cpu")
+    with hub.as_user("alice") as alice:
+        refused = alice.delete("/users/erin")
+        assert refused.status_code == 403 and "custom:gpupool:leases" in refused.json()["detail"]
+    with hub.as_user("hub-client") as spawner:
+        assert spawner.get(f"/leases/{lease['id']}").json()["state"] == "granted"
+        retired = spawner.delete("/users/erin").json()
+        assert (retired["leases_released"], retired["jobs_cancelled"], retired["still_running"]) == (1, 0, 0)
+        filed = retired["records_filed_as"]
+        assert filed.startswith("erin/deleted ")
+        kept = spawner.get(f"/leases/{lease['id']}").json()
+        assert (kept["state"], kept["user"]) == ("released", filed)
+        assert spawner.get("/leases", params={"user": "erin"}).json() == []
+        again = spawner.delete("/users/erin").json()  # asked twice: nothing left to do
+        assert (again["leases_released"], again["records_filed_as"]) == (0, None)

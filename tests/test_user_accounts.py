@@ -4,6 +4,7 @@ from ``/proc/<pid>/environ``, since every server and job ran as one account) and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import subprocess
@@ -126,19 +127,47 @@ def _exists(name: str) -> bool:
 
 @as_root
 def test_a_deleted_users_name_given_again_starts_with_nothing_of_theirs(tmp_path: Path) -> None:
-    """A second trial deleted a hub user; a newcomer let in under the same name read the old one's files."""
+    """A second trial deleted a hub user; a newcomer let in under the same name read the old one's files. A
+    hostile-user trial then found the old uid given again: ``userdel`` freed it and the next account took it,
+    with what the old user had left outside their home (in ``/tmp``), and a job still running as the old
+    account kept the account, and the name, for whoever came next under it."""
     homes, user = str(tmp_path / "homes"), f"ua-gone-{WORKER}"
     first = ensure_user_account(user, homes)
     Path(first.home, "private.txt").write_text("the old user's")
-    assert retire_user_account(user, homes) is None
-    assert not _exists(first.name)
-    again = ensure_user_account(user, homes)
-    assert os.listdir(again.home) == []
-    attic = Path(homes, ".deleted")
-    assert (attic.stat().st_uid, attic.stat().st_mode & 0o777) == (0, 0o700)  # kept, for root alone
-    (kept,) = attic.iterdir()
-    assert (kept / "private.txt").read_text() == "the old user's"
-    retire_user_account(user, homes)
+    left = tmp_path / "left-in-tmp.txt"
+    left.write_text("the old user's, outside their home")
+    os.chown(left, first.uid, first.gid)
+    still_running = subprocess.Popen(["sleep", "300"], user=first.uid, group=first.gid)
+    made = [first.uid]
+    try:
+        assert retire_user_account(user, homes) is None
+        assert still_running.wait(timeout=10) == -9  # killed: nothing of a deleted user runs on
+        assert not _exists(first.name)
+        retired = pwd.getpwuid(first.uid)  # the uid stays taken, by an account nothing runs as
+        assert retired.pw_name == f"gp-retired.{first.uid}" and user in retired.pw_gecos
+        again = ensure_user_account(user, homes)
+        made.append(again.uid)
+        assert (again.name, os.listdir(again.home)) == (first.name, [])
+        assert again.uid != first.uid and left.stat().st_uid == first.uid
+        attic = Path(homes, ".deleted")
+        assert (attic.stat().st_uid, attic.stat().st_mode & 0o777) == (0, 0o700)  # kept, for root alone
+        (kept,) = attic.iterdir()
+        assert (kept / "private.txt").read_text() == "the old user's"
+        assert retire_user_account(user, homes) is None
+    finally:
+        still_running.kill()
+        retire_user_account(user, homes)
+        for uid in made:
+            _remove_retired(uid)
+
+
+def _remove_retired(uid: int) -> None:
+    """The tests' own clean-up: a retired test account is removed, so test runs do not use up system uids."""
+    with contextlib.suppress(KeyError):
+        name = pwd.getpwuid(uid).pw_name
+        if name.startswith("gp-retired."):
+            subprocess.run(["userdel", name], capture_output=True)
+            subprocess.run(["groupdel", name], capture_output=True)
 
 
 @as_root

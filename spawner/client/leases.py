@@ -1,5 +1,5 @@
 """The calls the hub's spawners make: profiles with live availability, and leases asked for, read and
-released on behalf of any user.
+released on behalf of any user, and a user the hub deleted retired.
 
 The spawner calls with a token of the hub's own (a JupyterHub service token whose role grants
 ``custom:gpupool:leases``), so it may act for every user; everything is asynchronous, on the hub's loop.
@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
+from urllib.parse import quote
 
 from .connection import Connection
 
@@ -114,3 +115,8 @@ class ServiceClient(Connection):
     async def release_lease(self, lease_id: str) -> dict[str, Any]:
         """``DELETE leases/{id}``; the service makes a second release change nothing."""
         return cast(dict[str, Any], await self.acall("DELETE", f"leases/{lease_id}"))
+
+    async def retire_user(self, user: str) -> dict[str, Any]:
+        """``DELETE users/{user}``: the hub deleted ``user``; their jobs are cancelled (waited for), their
+        leases released and their records filed away. Asking again changes nothing."""
+        return cast(dict[str, Any], await self.acall("DELETE", f"users/{quote(user, safe='')}"))

@@ -22,6 +22,7 @@ Lifecycle contract, on top of JupyterHub's:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -44,6 +45,8 @@ from .refusal_log import log_refusals_in_one_line
 
 TOKEN_ENV = "GPUPOOL_API_TOKEN"
 _STATE_KEY = "gpupool_lease_id"
+# retiring a deleted user waits for their jobs to stop: the service's grace period (30 s unless set) and more
+RETIRE_TIMEOUT_S = 120.0
 _SERVICE_DOWN = (0, 502, 503, 504)  # unreachable, or the proxy's answer while the service is down
 
 
@@ -388,6 +391,29 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         finally:
             if not (self._starting and self._granted):
                 await self._hand_back()
+
+    async def delete_forever(self) -> None:
+        """The hub deleted the user: the service cancels their jobs, releases what they held and files their
+        records away, so a new user given the name starts with none of them. Once per user (the default
+        server's spawner); a service that does not answer is logged, and its reconciliation is left."""
+        base = super().delete_forever()  # JupyterHub's is a plain function; a base spawner's may be async
+        if inspect.isawaitable(base):
+            await base
+        if self.name:
+            return
+        service = ServiceClient(self.service_url, self.service_api_token, timeout=RETIRE_TIMEOUT_S)
+        try:
+            retired = await service.retire_user(self.user.name)
+        except GpupoolError as error:
+            self.log.error("gpupool: deleting %s: the service did not retire them: %s", self.user.name, error)
+            return
+        self.log.info(
+            "gpupool: deleted %s: %d jobs cancelled, %d leases released, records kept as %r",
+            self.user.name,
+            retired["jobs_cancelled"],
+            retired["leases_released"],
+            retired["records_filed_as"],
+        )
 
     async def end_leftovers(self) -> None:
         """End what the server left running on its lease's devices, before the lease goes to someone else.

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -236,11 +235,10 @@ class SimpleLocalGPUSpawner(LocalGPUSpawner, SimpleLocalProcessSpawner):  # type
         return await super().start()
 
     async def delete_forever(self) -> None:
-        """The hub deleted the user: with ``account_per_user``, their account and home go too (the home to
-        ``home_root/.deleted/``), or a new user given the same name would get the old one's files."""
-        base = super().delete_forever()  # JupyterHub's is a plain function; a base spawner's may be async
-        if inspect.isawaitable(base):
-            await base
+        """The hub deleted the user: once the service has cancelled their jobs (``GpuLeasing``), with
+        ``account_per_user`` their home goes to ``home_root/.deleted/`` and their account is retired, or a new
+        user given the same name would get the old one's files."""
+        await super().delete_forever()
         if self.account_per_user and not self.name and os.geteuid() == 0:
             left = await asyncio.to_thread(retire_user_account, self.user.name, self.home_root)
             if left:

@@ -2,7 +2,8 @@
 
 JupyterHub's proxy forwards ``/services/gpupool/…`` with the prefix intact, so every route lives under
 ``{prefix}api/v1/``, the OpenAPI document included. Each route module (``lease_routes``, ``job_routes``,
-``health_routes``, ``mig_routes``, ``idle_routes``, ``usage_routes``, ``telemetry_routes``, ``pages``) has a
+``health_routes``, ``mig_routes``, ``idle_routes``, ``usage_routes``, ``telemetry_routes``, ``user_routes``,
+``pages``) has a
 module-level router; the parts they work on are on ``app.state`` (:mod:`.context`).
 
 Status codes, mapped once in :func:`_problem_handlers`:
@@ -44,6 +45,7 @@ from . import (
     pages,
     telemetry_routes,
     usage_routes,
+    user_routes,
 )
 from .auth import AdminRequired
 from .context import ServiceParts
@@ -63,6 +65,7 @@ API_ROUTERS = tuple(
         idle_routes,
         usage_routes,
         telemetry_routes,
+        user_routes,
     )
 )
 
