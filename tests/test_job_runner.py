@@ -101,6 +101,27 @@ def test_a_process_with_the_same_pid_but_another_start_time_is_not_the_job(
         started.process.wait(5)
 
 
+def test_a_job_whose_env_spells_another_jobs_id_is_never_taken_for_that_job(
+    identity: processes.Identity,
+) -> None:
+    """A hostile-user trial: the service knew a job's processes by ``GPUPOOL_JOB_ID=<id>`` anywhere in their
+    environment, so a job submitted with ``env {"A": "GPUPOOL_JOB_ID=<another job's id>"}`` would be taken
+    for that job (signalled, or found as its run after a restart)."""
+    job_id, victim = f"runner-spoof-{RUN}", f"runner-victim-{RUN}"
+    directory = processes.job_dir(identity, job_id)
+    spelled = {"A": f"GPUPOOL_JOB_ID={victim}", "B": "GPUPOOL_JOB_ATTEMPT=1"}
+    env = processes.job_env(identity, job_id, directory, "", spelled, attempt=1)
+    started = processes.launch(identity, ("sleep", "30"), str(user_dir(identity.user)), directory, 1, env)
+    try:
+        until(lambda: processes.start_time(started.pid) is not None, "the job to start", timeout=10)
+        assert processes.find_leader(job_id, 1) == (started.pid, started.start)
+        assert processes.find_leader(victim, 1) is None
+        assert not processes.group_alive(started.pid, started.start + 1, victim)
+    finally:
+        os.killpg(started.pid, signal.SIGKILL)
+        started.process.wait(5)
+
+
 def test_a_log_replaced_by_a_symlink_is_never_read(identity: processes.Identity, tmp_path: Path) -> None:
     started, directory = run(identity, ["true"], "runner-symlink")
     started.process.wait(10)
@@ -193,7 +214,17 @@ def check(identity: processes.Identity, **changes: object) -> object:
             "max_runtime",
             r"30d is over profile \S+ limit of 1h \(2592000 s against 3600 s\)",
         ),
+        # a hostile-user trial: 1e308 was said in 300-digit figures
+        (
+            {"max_runtime": 1e308},
+            "max_runtime",
+            r"max_runtime: 1e\+308 s is over profile \S+ limit of 1h \(1e\+308 s against",
+        ),
         ({"priority_class": "interactive"}, "priority_class", "for servers and administrators"),
+        # a hostile-user trial: these passed as a name, and an admin's pages and terminal printed them
+        ({"name": "run\u061c1"}, "name", r"holds U\+061C \(ARABIC LETTER MARK\)"),
+        ({"name": "run\u20281"}, "name", r"holds U\+2028 \(LINE SEPARATOR\)"),
+        ({"name": "run\u200b1"}, "name", r"holds U\+200B \(ZERO WIDTH SPACE\)"),
     ],
 )
 def test_a_bad_submission_names_the_field(
@@ -202,6 +233,11 @@ def test_a_bad_submission_names_the_field(
     with pytest.raises(InvalidJob, match=words) as refused:
         check(identity, **changes)
     assert refused.value.field == field and str(refused.value).startswith(f"{field}:")
+
+
+def test_a_name_in_any_script_with_the_joiners_it_needs_is_accepted(identity: processes.Identity) -> None:
+    for name in ("训练 run 3", "\U0001f469\u200d\U0001f52c lab", "می\u200cخواهم", "Ünïcødé"):
+        assert check(identity, name=name).name == name
 
 
 def test_a_working_dir_that_escapes_the_home_by_dots_or_symlink_is_refused(
@@ -264,7 +300,9 @@ def test_whether_a_command_exists_in_a_folder_closed_to_the_job_is_not_told(
         ({"command": ["true"] * 1025}, "command"),
         ({"env": {f"V{i}": "x" for i in range(257)}}, "env"),
         ({"env": {"BIG": "x" * (32 * 1024 + 1)}}, "env.BIG"),
-        ({"command": ["true", *["y" * 100_000] * 11]}, "command"),  # each fits, not all together
+        ({"command": ["true", *["y" * 30_000] * 3]}, "command"),  # each fits, not all together
+        # a hostile-user trial stored 896 KiB jobs, whose every listing slowed everyone's requests
+        ({"command": ["true"], "env": {f"V{i}": "x" * 30_000 for i in range(3)}}, "command"),
     ],
 )
 def test_a_submission_over_the_size_limits_is_refused_naming_the_field(

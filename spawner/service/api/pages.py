@@ -332,7 +332,7 @@ def _servers(view: _View, now: float) -> list[ServerRow]:
 
 def _jobs(parts: ServiceParts, now: float) -> list[JobRow]:
     """Jobs not finished, running first, then the queue by submission."""
-    jobs = [j for j in parts.jobs.all_jobs() if not j.state.finished]
+    jobs = parts.jobs.unfinished()
     jobs.sort(key=lambda j: (j.state is not JobState.RUNNING, j.submitted_at))
     return [JobRow(j.id, j.name, j.user, j.profile, j.state.value, now - j.submitted_at) for j in jobs]
 

@@ -270,7 +270,7 @@ def group_alive(pid: int, pid_start: int | None, job_id: str) -> bool:
         return False
     except PermissionError:
         pass
-    marker = f"GPUPOOL_JOB_ID={job_id}\0".encode()
+    marker = f"GPUPOOL_JOB_ID={job_id}".encode()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -281,7 +281,7 @@ def group_alive(pid: int, pid_start: int | None, job_id: str) -> bool:
         if member == pid and pid_start is not None and found[1] == pid_start:
             return True
         with contextlib.suppress(OSError):
-            if marker in Path(f"/proc/{member}/environ").read_bytes():
+            if _environ_holds(member, marker):
                 return True
     return False
 
@@ -289,8 +289,8 @@ def group_alive(pid: int, pid_start: int | None, job_id: str) -> bool:
 def find_leader(job_id: str, attempt: int) -> tuple[int, int] | None:
     """(pid, start time) of the live group leader of ``job_id``'s run ``attempt``, found by its environment:
     for a run whose start the service could not record before it died."""
-    marker = f"GPUPOOL_JOB_ID={job_id}\0".encode()
-    attempt_marker = f"GPUPOOL_JOB_ATTEMPT={attempt}\0".encode()
+    marker = f"GPUPOOL_JOB_ID={job_id}".encode()
+    attempt_marker = f"GPUPOOL_JOB_ATTEMPT={attempt}".encode()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -299,10 +299,17 @@ def find_leader(job_id: str, attempt: int) -> tuple[int, int] | None:
         if found is None or found[2] != pid or found[0] in ("Z", "X"):
             continue
         with contextlib.suppress(OSError):
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-            if marker in environ and attempt_marker in environ:
+            if _environ_holds(pid, marker, attempt_marker):
                 return pid, found[1]
     return None
+
+
+def _environ_holds(pid: int, *variables: bytes) -> bool:
+    """Whether ``pid``'s environment has each of ``variables`` (``NAME=value``) as a variable of its own: a
+    job's ``env`` value that only spells one (``A=GPUPOOL_JOB_ID=<another job's id>``, from a hostile-user
+    trial) does not make its process another job's."""
+    held = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+    return all(variable in held for variable in variables)
 
 
 def signal_group(pid: int, pid_start: int | None, job_id: str, sig: signal.Signals) -> bool:

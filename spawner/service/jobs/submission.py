@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,14 +27,20 @@ from .processes import Identity, find_executable
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RESERVED = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
-# control characters, and the marks that reverse or isolate the direction of what follows
-_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# What a name may not hold, by Unicode category: control characters (Cc), line and paragraph separators (Zl,
+# Zp), and format characters (Cf: the marks that reverse or isolate the direction of what follows, U+061C
+# among them, and invisible ones such as U+200B), except the joiners some scripts and emoji need.
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+_JOINERS = frozenset("\u200c\u200d")
 _PYTHON = re.compile(r"python[0-9.]*")
 MAX_ARGS = 1024
 MAX_ARG_BYTES = 128 * 1024  # Linux's MAX_ARG_STRLEN: a longer argument fails only at execve (E2BIG)
 MAX_ENV = 256
 MAX_ENV_BYTES = 32 * 1024
-MAX_TOTAL_BYTES = 1024 * 1024  # the command and env together, as stored and listed
+# The command and env together, as stored and sent back with every GET jobs: a hostile-user trial stored 60
+# jobs of 896 KiB each, and each of its listings then took 1.4 s and held up everyone's requests. A longer
+# input belongs in a file the job reads.
+MAX_TOTAL_BYTES = 64 * 1024
 
 
 class TooManyQueuedJobs(ValueError):
@@ -177,10 +184,13 @@ def _check_max_runtime(max_runtime: float | None, limit: float | None, profile: 
     if max_runtime is not None and max_runtime <= 0:
         raise InvalidJob("max_runtime", f"must be more than 0 seconds, got {max_runtime:g}")
     if max_runtime is not None and limit is not None and max_runtime > limit:
+        # past 31 years the figures would run to hundreds of digits (1e308 is a valid JSON number)
+        seconds = f"{max_runtime:.0f}" if max_runtime < 1e9 else f"{max_runtime:.3g}"
+        asked = format_duration(max_runtime) if max_runtime < 1e9 else f"{seconds} s"
         raise InvalidJob(
             "max_runtime",
-            f"{format_duration(max_runtime)} is over profile {profile}'s limit of {format_duration(limit)} "
-            f"({max_runtime:.0f} s against {limit:.0f} s)",
+            f"{asked} is over profile {profile}'s limit of {format_duration(limit)} "
+            f"({seconds} s against {limit:.0f} s)",
         )
 
 
@@ -233,7 +243,10 @@ def _check_sizes(command: Sequence[str], env: Mapping[str, str]) -> None:
         len(k) + len(v.encode()) + 2 for k, v in env.items()
     )
     if total > MAX_TOTAL_BYTES:
-        raise InvalidJob("command", f"the command and env together are at most {MAX_TOTAL_BYTES // 1024} KiB")
+        raise InvalidJob(
+            "command",
+            f"the command and env together are at most {MAX_TOTAL_BYTES // 1024} KiB; pass longer input in a file",
+        )
 
 
 def _check_env(env: Mapping[str, str]) -> None:
@@ -250,7 +263,7 @@ def _check_text(
     command: Sequence[str], env: Mapping[str, str], working_dir: str | None, name: str | None
 ) -> None:
     """Text the service passes to ``execve``, stores and prints back: no NUL (``execve`` ends a string there),
-    no unpaired surrogate (it has no UTF-8), and a name of one line without control or direction characters
+    no unpaired surrogate (it has no UTF-8), and a name of one line without control, direction or invisible characters
     (it is printed in other people's terminals: ``gpupool jobs`` for an admin)."""
     texts = [
         *((f"command.{index}", arg) for index, arg in enumerate(command)),
@@ -267,10 +280,17 @@ def _check_text(
             raise InvalidJob(
                 field, "holds an unpaired surrogate (\\ud800 to \\udfff), which is not text"
             ) from None
-    if name and (control := _CONTROLS.search(name)):
+    unprintable = next((c for c in name or "" if _unprintable(c)), None)
+    if unprintable is not None:
         raise InvalidJob(
-            "name", f"one line of text without control or direction characters; it holds {control.group()!r}"
+            "name",
+            f"one line of text without control, direction or invisible characters; it holds "
+            f"U+{ord(unprintable):04X} ({unicodedata.name(unprintable, 'unnamed')})",
         )
+
+
+def _unprintable(character: str) -> bool:
+    return unicodedata.category(character) in _UNPRINTABLE and character not in _JOINERS
 
 
 def new_job(
