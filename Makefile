@@ -20,8 +20,9 @@ $(STAMP): pyproject.toml
 		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium postgresql prometheus; }
 	touch $(STAMP)
 
+# PORT=8001 when 8000 is taken
 run: $(STAMP)
-	$(BIN)/gpupool up
+	$(BIN)/gpupool up $(if $(PORT),--port $(PORT))
 
 test: lint typecheck pytest
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -57,7 +58,8 @@ def show_pool(args: argparse.Namespace) -> int:
         except GpupoolError as error:
             if args.url or args.token:  # asked for the service: its refusal is the answer
                 raise SystemExit(f"gpupool: {error}") from None
-            why = "no running gpupool service found" if error.status == 0 else str(error)
+            folder = os.path.abspath(args.state_dir)  # a first-day trial ran it from another folder
+            why = f"no running gpupool service found from {folder}/" if error.status == 0 else str(error)
             not_live = f"not the live pool ({why}): the devices as the service would find them"
             print(f"gpupool: {not_live}", file=sys.stderr)
     if description is None:

@@ -307,8 +307,9 @@ def test_gpupool_pool_where_gpupool_up_runs_shows_the_live_pool(start: tuple[Pat
             ).json()
             assert f"held by demo's server ({lease['id']})" in text.stdout, text.stdout  # who, not only an id
             elsewhere = pool("--state-dir", "nowhere")  # no gpupool up there: the devices, and it says so
-            assert "not the live pool (no running gpupool service found)" in elsewhere.stderr
-            assert elsewhere.stdout.startswith("Not the live pool (no running gpupool service found)")
+            looked = f"no running gpupool service found from {tmp / 'nowhere'}/"
+            assert f"not the live pool ({looked})" in elsewhere.stderr
+            assert elsewhere.stdout.startswith(f"Not the live pool ({looked})")
             # the other service commands find it the same way (a trial got "unrecognized arguments")
             drain = gpupool_in(tmp, "drain", "a100-box", "--state-dir", "state")
             assert "service gpupool-hub may not drain: it needs custom:gpupool:admin" in drain.stderr, (

@@ -384,6 +384,10 @@ def test_gpupool_usage_reads_the_usage_api_since_a_date_and_names_a_bad_one(hub:
     assert json.loads(as_json.stdout) == rows
     typo = _gpupool(hub, "usage", "--since", "2026-13-01")
     assert typo.returncode == 1 and typo.stderr.startswith("gpupool: since: "), typo.stderr
+    # a first-day trial's guess was told "Input should be a valid datetime or date, input is too short"
+    guess = _gpupool(hub, "usage", "--since", "yesterday")
+    assert guess.stderr.startswith("gpupool: since: expected a date such as 2026-12-01, "), guess.stderr
+    assert "got 'yesterday'" in guess.stderr
 
 
 def test_following_a_queued_job_says_where_it_waits_then_streams_its_log(hub: Hub) -> None:

@@ -159,6 +159,13 @@ def test_each_row_shows_the_gpu_cpu_and_memory() -> None:
     assert "1 × H100-80GB" in form.text["h100"] and "Four H100s for training" in form.text["h100-x4"]
 
 
+def test_each_row_names_the_slug_a_job_asks_for() -> None:
+    """A first-day trial: ``gpupool submit --help`` said "the profile's slug (see the spawn form)", and the form
+    showed only names ("One H100"); the slug was in the typo's error alone."""
+    form = page(choices())
+    assert all(f"for jobs: --profile {slug}" in text for slug, text in form.text.items()), form.text
+
+
 def test_the_form_says_how_many_could_start_now_or_how_many_wait() -> None:
     form = page(choices(availability={"mig-1g": (3, 0), "h100": (0, 2), "cpu": (1, 5)}))
     assert "3 could start now" in form.text["mig-1g"]

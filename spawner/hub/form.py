@@ -38,6 +38,7 @@ _CSS = """<style>
 .gpupool-form .gpupool-free { color: #2a7a2a; }
 .gpupool-form .gpupool-queue { color: #a06000; }
 .gpupool-form .gpupool-reason { color: #a02020; }
+.gpupool-form .gpupool-environment select { max-width: 100%; }
 .gpupool-form .gpupool-simulated { display: inline-block; background: #fff3cd; border: 1px solid #e0c060;
   border-radius: 4px; padding: 2px 8px; margin-bottom: 6px; font-weight: bold; }
 </style>"""
@@ -185,6 +186,8 @@ def _row(choice: ProfileChoice, checked: bool, *, hint_quota: bool) -> str:
         f'<strong class="gpupool-name">{escape(profile.display_name)}</strong>'
         f'<span class="gpupool-details">{escape(profile.gpu_description())} · {_cpu(profile)} · '
         f"{_memory(profile)}</span>"
+        # a first-day trial found the slug that `gpupool submit --profile` and submit() take nowhere
+        f'<span class="gpupool-details gpupool-slug">for jobs: <code>--profile {slug}</code></span>'
     )
     if limits_text(profile):
         summary += f'<span class="gpupool-details gpupool-limits">{escape(limits_text(profile))}</span>'

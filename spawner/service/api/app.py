@@ -217,6 +217,9 @@ _ERROR_NAMES = {
 _READABLE = {"There was an error parsing the body": "body: not valid JSON (it must be UTF-8 text)"}
 
 
+WHEN = "a date such as 2026-12-01, a time such as 2026-12-01T09:30 (UTC unless it says), or Unix seconds"
+
+
 def _plain(message: str) -> str:
     """Pydantic's message without the prefix it puts before a validator's own sentence."""
     for prefix in ("Value error, ", "Assertion failed, "):
@@ -248,6 +251,10 @@ def _problem_handlers(app: FastAPI) -> None:
             where = ".".join(str(part) for part in error["loc"] if part not in ("body", "query", "path"))
             where = where or "body"
             fields.append(where)
+            if error["type"].startswith(("datetime_", "date_")):  # a first-day trial's `--since yesterday`
+                sent_value = str(error["input"])[:40]
+                sentences.append(f"{where}: expected {WHEN}, got {sent_value!r}")
+                continue
             sentences.append(f"{where}: {_plain(error['msg'])}")
         return problem(400, "invalid_request", "; ".join(sentences), fields)
 
