@@ -40,6 +40,7 @@ from gpupool.spawner.backends.simulated import DEMO_POOL
 from gpupool.spawner.client import GpupoolError
 from gpupool.spawner.hub.spawner import LocalGPUSpawner, SimpleLocalGPUSpawner
 from gpupool.spawner.hub.up import ENV, demo_password, embedded_config, prepare, spawner_token
+from gpupool.spawner.service.jobs.processes import find_leader
 from gpupool.spawner.service.store.lease_store import LeaseStore, sqlite_url
 from gpupool.spawner.user_accounts import DEFAULT_HOMES, account_name
 from gpupool.widgets import Connection, submit
@@ -254,18 +255,29 @@ def test_the_admin_starts_a_profile_kept_for_a_group_as_the_spawn_form_offers_it
         up.stop()
 
 
-def test_a_stopped_hub_returns_its_servers_leases_before_its_service_goes(start: tuple[Path, int]) -> None:
+def test_a_stopped_hub_returns_its_servers_leases_before_its_service_goes_and_names_the_jobs_left(
+    start: tuple[Path, int],
+) -> None:
     """JupyterHub stops its services before its servers; ``gpupool up`` stops the servers first, so each lease
-    goes back to the pool at once instead of failing and lingering until the next start."""
+    goes back to the pool at once instead of failing and lingering until the next start. Jobs run on, by
+    design: a first-day trial stopped the hub with five running and was told nothing of them."""
     tmp, port = start
     up = start_up(tmp, tmp / "state", port, extra_config(tmp))
+    overnight = None
     try:
         with contextlib.closing(demo_hub_api(up)) as hub:
             lease_id = start_demo_server(up, hub)["state"]["gpupool_lease_id"]
+            made = hub.post("/users/demo/tokens", json={"scopes": ["access:services!service=gpupool"]})
+            demo = Connection(f"{up.url}/services/gpupool/", made.json()["token"])
+            overnight = submit(["sleep", "600"], "cpu", connection=demo, name="overnight")
+            until(lambda: overnight.model()["state"] == "running", "the job to run")
         up.process.send_signal(signal.SIGTERM)
         assert up.process.wait(timeout=30) == 0, up.log_tail()
     finally:
         up.stop()
+        found = overnight and find_leader(overnight.id, 1)
+        if found:  # the test's own clean-up: the job outlives the hub
+            os.killpg(found[0], signal.SIGKILL)
     store = LeaseStore(sqlite_url(str(tmp / "state" / "gpupool.sqlite")))
     try:
         assert lease_id not in {lease.id for lease in store.active()}
@@ -274,6 +286,11 @@ def test_a_stopped_hub_returns_its_servers_leases_before_its_service_goes(start:
     log = up.log.read_text()
     assert "Stopping 1 single-user servers before the services" in log
     assert "cannot reach the gpupool service" not in log
+    assert overnight is not None and found, "the job was not running when the hub stopped"
+    left = (
+        f"gpupool: left running: 1 training job running on its devices: {overnight.id} (demo's overnight). "
+    )
+    assert left + f"`gpupool up --state-dir {tmp / 'state'}` takes them back" in log, up.log_tail()
 
 
 def test_gpupool_pool_where_gpupool_up_runs_shows_the_live_pool(start: tuple[Path, int]) -> None:

@@ -165,10 +165,15 @@ def spawner_token(state: Path) -> str:
     return read_or_create_secret(state / "gpupool-hub-token")
 
 
+def store_file(state: Path) -> Path:
+    """The service's SQLite database in the state folder."""
+    return state / "gpupool.sqlite"
+
+
 def service_environment(settings: UpSettings) -> dict[str, str]:
     """The gpupool service's own settings (see ``python -m gpupool.spawner.service``)."""
     env = passed_on() | {
-        "GPUPOOL_DB_URL": f"sqlite:///{settings.state / 'gpupool.sqlite'}",
+        "GPUPOOL_DB_URL": f"sqlite:///{store_file(settings.state)}",
         "GPUPOOL_QUOTAS": os.environ.get("GPUPOOL_QUOTAS") or str(EXAMPLE_QUOTAS),
         # a server on GPU devices nobody leased to it is stopped once two passes in a row confirm it
         "GPUPOOL_STOP_UNLEASED": "1",
@@ -393,6 +398,11 @@ def run(prepared: Prepared) -> None:
     os.environ.clear()
     os.environ.update(prepared.env)  # before JupyterHub imports anything that reads it (KUBECONFIG)
     from .app import GpupoolHub
+    from .left_running import left_running_message
 
     GpupoolHub.instance(started_message=prepared.messages[-1])  # the instance launch_instance runs
     GpupoolHub.launch_instance(argv=prepared.hub_args)
+    state = UpSettings.from_env(prepared.env).state
+    said = left_running_message(store_file(state), state) if store_file(state).is_file() else None
+    if said:
+        print(said, flush=True)
