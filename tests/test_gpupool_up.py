@@ -637,6 +637,47 @@ def test_a_broken_quotas_file_named_in_an_f_file_stops_gpupool_up_before_the_hub
         httpx.get(f"http://127.0.0.1:{port}/hub/login", timeout=2)
 
 
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        (
+            "c.Spawner.start_timout = 60",
+            "c.Spawner.start_timout: Spawner has no such setting; did you mean start_timeout?",
+        ),
+        (
+            "c.SharedPasswordAuthenticator.user_pasword = 'lab-users-share-this'",
+            "c.SharedPasswordAuthenticator.user_pasword: SharedPasswordAuthenticator has no such setting; did you "
+            "mean user_password?",
+        ),
+    ],
+)
+def test_a_misspelt_jupyterhub_setting_in_an_f_file_stops_gpupool_up_naming_it(
+    tmp_path: Path, line: str, said: str
+) -> None:
+    """A first-day trial's ``c.Spawner.start_timout = 60`` started the hub without a word (traitlets warns only
+    when it makes a spawner, in the hub's log), where a misspelt gpupool setting stops the start."""
+    extra = tmp_path / "lab.py"
+    extra.write_text(f"c = get_config()  # noqa\n{line}\nc.KubeGPUSpawner.namespace = 'a-cluster-setting'\n")
+    port = free_port_family()
+    result = subprocess.run(
+        up_command(
+            "--port",
+            str(port),
+            "--pool",
+            str(DEMO_POOL),
+            "--state-dir",
+            str(tmp_path / "s"),
+            "-f",
+            str(extra),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0 and f"gpupool: {said}" in result.stderr, result.stderr[-3000:]
+    assert "Starting proxy" not in result.stderr + result.stdout and "Log in at" not in result.stdout
+
+
 def test_a_second_gpupool_up_is_refused_and_leaves_the_running_hub_alone(start: tuple[Path, int]) -> None:
     """A trial ran ``make run`` twice in one clone: the second start stopped the first one's proxy (port 8000
     dead for 5 s), printed a login line, then died with a traceback and left its own pid in the pid file."""

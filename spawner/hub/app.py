@@ -2,6 +2,9 @@
 servers stopped before its services, no proxy left behind by a start that fails, and where to log in said once
 it has started.
 
+A setting no class the hub runs with has (a typo in an ``-f`` file) stops it at start, naming the setting
+and the closest one there is (:mod:`.setting_names`).
+
 JupyterHub's shutdown stops the managed services first and the single-user servers after them. A gpupool
 server's stop hands its lease back to the gpupool service, which by then is gone: every release failed, was
 logged as such, and the leases stayed held until the next start's reconciliation. Stopping the servers first,
@@ -13,9 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+from typing import Any
 
 from jupyterhub.app import JupyterHub  # type: ignore[import-untyped]
+from jupyterhub.crypto import CryptKeeper  # type: ignore[import-untyped]
 from traitlets import Unicode
+
+from .setting_names import unknown_setting
 
 
 class GpupoolHub(JupyterHub):  # type: ignore[misc]
@@ -30,6 +37,20 @@ class GpupoolHub(JupyterHub):  # type: ignore[misc]
         log in, with the demo password), so that a start that fails, such as an ``-f`` file that raises,
         invites no one to log in. Empty: none.""",
     )
+
+    def load_config_file(self, *args: Any, **kwargs: Any) -> None:
+        """JupyterHub's, then a stop on a setting no class the hub runs with has (``setting_names``)."""
+        super().load_config_file(*args, **kwargs)
+        running_with = [
+            type(self),
+            self.spawner_class,
+            self.authenticator_class,
+            self.proxy_class,
+            CryptKeeper,
+        ]
+        unknown = unknown_setting(self.config, running_with)
+        if unknown:
+            raise SystemExit(f"gpupool: {unknown}")
 
     async def start(self) -> None:
         atexit.register(self._stop_proxy_left_running)
