@@ -100,7 +100,10 @@ if settings.demo_login:
     c.SharedPasswordAuthenticator.admin_password = up.demo_password(state)
 
 for extra in settings.extra_config:
-    load_subconfig(extra)  # type: ignore[name-defined]  # noqa: F821
+    try:
+        load_subconfig(extra)  # type: ignore[name-defined]  # noqa: F821
+    except SyntaxError as error:  # one line, where JupyterHub printed thirty of its own traceback
+        raise SystemExit(f"gpupool: -f {extra}, line {error.lineno}: {error.msg}") from None
 if c.JupyterHub.authenticator_class == "shared-password":  # an -f file's passwords, checked in one line
     up_checks.check_shared_passwords(c)
 

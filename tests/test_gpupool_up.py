@@ -678,6 +678,30 @@ def test_a_misspelt_jupyterhub_setting_in_an_f_file_stops_gpupool_up_naming_it(
     assert "Starting proxy" not in result.stderr + result.stdout and "Log in at" not in result.stdout
 
 
+def test_a_syntax_error_in_an_f_file_is_one_line_naming_the_file_and_line(tmp_path: Path) -> None:
+    """A first-day trial's unclosed bracket printed JupyterHub's thirty-line traceback."""
+    extra = tmp_path / "lab.py"
+    extra.write_text("c = get_config()  # noqa\nc.Spawner.start_timeout = (60\n")
+    result = subprocess.run(
+        up_command(
+            "--port",
+            str(free_port_family()),
+            "--pool",
+            str(DEMO_POOL),
+            "--state-dir",
+            str(tmp_path / "s"),
+            "-f",
+            str(extra),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert f"gpupool: -f {extra}, line 2: '(' was never closed" in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+
+
 def test_a_second_gpupool_up_is_refused_and_leaves_the_running_hub_alone(start: tuple[Path, int]) -> None:
     """A trial ran ``make run`` twice in one clone: the second start stopped the first one's proxy (port 8000
     dead for 5 s), printed a login line, then died with a traceback and left its own pid in the pid file."""

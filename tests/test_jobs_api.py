@@ -304,6 +304,11 @@ final = job.wait(timeout=60, poll=0.2)
 print(final)
 print(job.logs(), end="")
 print(job.id in {j.id for j in my_jobs()})
+from gpupool.widgets import job as job_by_id
+try:  # a first-day trial's job("NOSUCH") gave a handle; the error came at its first use
+    job_by_id("NOSUCH")
+except Exception as error:
+    print(type(error).__name__, error)
 """
 
 
@@ -317,10 +322,11 @@ def test_a_notebook_submits_a_job_with_submit_and_reads_its_finished_log(
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(NOTEBOOK)])
     NotebookClient(notebook, timeout=120, kernel_name="python3").execute()
     output = "".join(o.get("text", "") for o in notebook.cells[0].outputs if o.get("name") == "stdout")
-    state, hello, listed = output.splitlines()
+    state, hello, listed, unknown = output.splitlines()
     assert state == "succeeded"
     assert re.fullmatch(r"hello from \S+", hello), output
     assert listed == "True"
+    assert unknown == "GpupoolError no job 'NOSUCH'", output
 
 
 def _gpupool(hub: Hub, *args: str) -> subprocess.CompletedProcess[str]:

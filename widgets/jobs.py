@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
+from urllib.parse import quote
 
 from ._api import ENV_VAR, Connection
 
@@ -165,8 +166,11 @@ def submission(
 
 
 def job(job_id: str, connection: Connection | None = None) -> Job:
-    """A handle on a job submitted earlier (from another notebook, or before a kernel restart)."""
-    return Job(job_id, connection or Connection())
+    """A handle on a job submitted earlier (from another notebook, or before a kernel restart); an id the
+    service does not know, or another user's job, is a :class:`GpupoolError` here, not at the first use."""
+    connection = connection or Connection()
+    connection.call("GET", f"jobs/{quote(job_id, safe='')}")
+    return Job(job_id, connection)
 
 
 def my_jobs(connection: Connection | None = None) -> list[Job]:
