@@ -244,6 +244,18 @@ def test_another_user_never_sees_follows_or_cancels_a_job_and_needs_an_account_t
         assert me.delete(f"/jobs/{job['id']}").json()["state"] == "cancelled"
 
 
+def test_get_jobs_lists_the_newest_jobs_oldest_first(hub: Hub) -> None:
+    """A hostile-user trial's pile of finished jobs made each listing (the job panel's, every few seconds) slower
+    for everyone: GET jobs answers the newest 200, or ``limit``."""
+    with hub.as_user("me") as me:
+        ids = [submit(me, ["true"], profile="cpu", name=f"listed-{i}")["id"] for i in range(3)]
+        listed = me.get("/jobs", params={"limit": 2})
+        assert [j["id"] for j in listed.json()] == ids[1:], listed.text
+        assert ids[0] in {j["id"] for j in me.get("/jobs").json()}
+        refused = me.get("/jobs", params={"limit": 0})
+        assert refused.status_code == 400 and refused.json()["fields"] == ["limit"], refused.text
+
+
 def test_a_job_in_an_environment_no_gpu_of_its_profile_can_run_is_refused_naming_the_environment(
     hub: Hub,
 ) -> None:

@@ -12,8 +12,9 @@ all. This module has no ``from __future__ import annotations``: FastAPI must eva
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request, Response, status
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response, status
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ...pool.job_states import Job, JobState
@@ -35,6 +36,11 @@ _STREAM_POLL = 0.2  # seconds between looks at a followed log
 STREAM_TOKEN_CHECK = 10.0
 
 router = APIRouter()
+
+# GET jobs answers the newest jobs only: a hostile-user trial's thousands of finished jobs made every listing
+# (the job panel refreshes it) slower for everyone
+LISTED = 200
+MAX_LISTED = 5000
 
 
 def _out(jobs: JobManager, job_id: str) -> JobOut:
@@ -90,12 +96,20 @@ async def post_job(body: JobRequest, parts: PartsDep, caller: CallerDep, respons
     return _out(jobs, job.id)
 
 
-@router.get("/jobs", summary="The caller's jobs; every job (or one user's) for admins and the hub")
-async def list_jobs(parts: PartsDep, caller: CallerDep, user: str | None = None) -> list[JobOut]:
+@router.get("/jobs", summary="The caller's newest jobs; every user's (or one user's) for admins and the hub")
+async def list_jobs(
+    parts: PartsDep,
+    caller: CallerDep,
+    user: str | None = None,
+    limit: Annotated[
+        int, Query(ge=1, le=MAX_LISTED, description="the newest this many, oldest first")
+    ] = LISTED,
+) -> list[JobOut]:
     jobs = parts.jobs
     if user is not None and user != caller.name and not caller.sees_everyone:
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"user: {caller.name} may list only their own jobs")
-    found = jobs.all_jobs() if user is None and caller.sees_everyone else jobs.jobs_for(user or caller.name)
+    everyone = user is None and caller.sees_everyone
+    found = jobs.all_jobs(limit) if everyone else jobs.jobs_for(user or caller.name, limit)
     return [job_out(jobs, job) for job in found]
 
 

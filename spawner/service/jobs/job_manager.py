@@ -192,11 +192,12 @@ class JobManager:
             raise JobNotFound(f"no job {job_id!r}")
         return job
 
-    def jobs_for(self, user: str) -> list[Job]:
-        return self.store.list_for_user(user)
+    def jobs_for(self, user: str, newest: int | None = None) -> list[Job]:
+        """``user``'s jobs (the ``newest`` last submitted, if given), oldest first."""
+        return self.store.list_for_user(user, newest)
 
-    def all_jobs(self) -> list[Job]:
-        return self.store.list_all()
+    def all_jobs(self, newest: int | None = None) -> list[Job]:
+        return self.store.list_all(newest)
 
     def unfinished(self) -> list[Job]:
         """Every job queued, running or requeued, oldest first, from memory: the dashboard reads them every

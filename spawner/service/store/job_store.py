@@ -189,16 +189,17 @@ class JobStore:
         """Every job not finished, oldest first: what the manager's loop watches."""
         return list(self._live.values())
 
-    def list_for_user(self, user: str) -> list[Job]:
-        """A user's jobs, oldest first."""
-        return self._query(JobRow.user == user)
+    def list_for_user(self, user: str, newest: int | None = None) -> list[Job]:
+        """A user's jobs (the ``newest`` last submitted, if given), oldest first."""
+        return self._query(JobRow.user == user, newest=newest)
 
-    def list_all(self) -> list[Job]:
-        return self._query()
+    def list_all(self, newest: int | None = None) -> list[Job]:
+        return self._query(newest=newest)
 
-    def _query(self, *where: Any) -> list[Job]:
+    def _query(self, *where: Any, newest: int | None = None) -> list[Job]:
         with self._sessions.begin() as session:
-            rows = list(session.scalars(select(JobRow).where(*where).order_by(JobRow.seq)))
+            newest_first = select(JobRow).where(*where).order_by(JobRow.seq.desc()).limit(newest)
+            rows = list(reversed(list(session.scalars(newest_first))))
             history: dict[str, list[Transition]] = {row.id: [] for row in rows}
             if rows:
                 statement = (
