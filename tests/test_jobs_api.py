@@ -367,6 +367,11 @@ def test_the_shell_commands_submit_follow_list_and_refuse_bad_input(hub: Hub) ->
         model = me.get(f"/jobs/{job_id}").json()
         assert model["max_runtime"] == 600
     assert row[1] == model["user"]  # whose: an admin's list holds everyone's
+    # a first-day trial read "by USER" in the README and tried --user: "unrecognized arguments"
+    only_mine = _gpupool(hub, "jobs", "--user", model["user"], "--limit", "1")
+    assert [line.split("\t")[0] for line in only_mine.stdout.splitlines()[1:]] == [job_id], only_mine.stderr
+    others = _gpupool(hub, "jobs", "--user", "bob")
+    assert others.returncode == 1 and "may list only their own jobs" in others.stderr, others.stderr
     too_late = _gpupool(hub, "cancel", job_id)
     assert (
         too_late.returncode == 0

@@ -50,7 +50,11 @@ def add_job_commands(commands: Any) -> None:
     sub.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command to run")
     sub.set_defaults(handler=_submit)
 
-    listing = commands.add_parser("jobs", help="your jobs and their state")
+    listing = commands.add_parser(
+        "jobs", help="your newest jobs and their state (an admin's token: everyone's)"
+    )
+    listing.add_argument("--user", help="only this user's jobs (an admin's or the hub's token)")
+    listing.add_argument("--limit", type=int, default=200, help="the newest this many (default 200)")
     connection_options(listing)
     listing.set_defaults(handler=_jobs)
 
@@ -145,7 +149,8 @@ def where_it_stands(model: dict[str, Any], now: float | None = None) -> str:
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    models = connect(args).call("GET", "jobs")
+    asked = {"limit": args.limit} | ({"user": args.user} if args.user else {})
+    models = connect(args).call("GET", "jobs", params=asked)
     print("ID\tUSER\tNAME\tPROFILE\tSTATE\tSUBMITTED\tWHY")  # USER: an admin's list has everyone's
     for model in models:
         submitted = dt.datetime.fromtimestamp(model["submitted_at"]).strftime("%Y-%m-%d %H:%M")
