@@ -132,12 +132,12 @@ def _hand_over(descriptor: int, home: str, owner: int, uid: int, gid: int) -> No
 
 
 def retire_user_account(user: str, homes: str) -> str | None:
-    """When the hub deletes ``user``: their home moves to ``homes/.deleted/<user>-<time>`` (root's alone), what
-    still runs as their account is killed, and the account is retired, never removed: renamed
-    ``gp-retired.<uid>``, locked, its tag gone. A new hub user of the same name then gets a new account with a
-    new uid, and no later account is ever given this uid (``userdel`` freed it, and the next ``useradd`` took
-    it with the old user's files in ``/tmp`` and wherever else they had written). What is left to an
-    administrator, in words (None when nothing is)."""
+    """When the hub deletes ``user``: their home moves to ``homes/.deleted/<user>-<time>`` (root's alone), the
+    account is retired, never removed (its tag gone, locked, then renamed ``gp-retired.<uid>``), and what still
+    runs as it is killed. A new hub user of the same name then gets a new account with a new uid, and no later
+    account is ever given this uid (``userdel`` freed it, and the next ``useradd`` took it with the old user's
+    files in ``/tmp`` and wherever else they had written). What is left to an administrator, in words (None
+    when nothing is)."""
     home, attic = os.path.join(homes, user), os.path.join(homes, ".deleted")
     if os.path.isdir(home) and not os.path.islink(home):
         os.makedirs(attic, 0o700, exist_ok=True)
@@ -148,15 +148,21 @@ def retire_user_account(user: str, homes: str) -> str | None:
     entry = _entry(name)
     if entry is None or entry.pw_gecos != TAG + _digest(user):
         return None
-    _end_processes(entry.pw_uid)
-    retired = f"{RETIRED}{entry.pw_uid}"
+    if entry.pw_uid == 0:  # never made so (ensure_user_account refuses it); never kill root's processes
+        return f"the account {name} is a root account (uid 0); it stays as it was"
     usermod = shutil.which("usermod", path=SYSTEM_PATH) or "usermod"
     nologin = shutil.which("nologin", path=SYSTEM_PATH) or "/bin/false"
-    changes = ["--login", retired, "--comment", f"gpupool retired account of a deleted hub user ({user})"]
-    changes += ["--lock", "--expiredate", "1", "--shell", nologin]
-    result = _locked_retry([usermod, *changes, name])
+    # Untagged and locked first, which usermod does with processes still running: should the rename below
+    # fail, the account is no longer this user's, and a new user of the name is refused it, never given it.
+    untag = ["--comment", f"gpupool retired account of a deleted hub user ({_digest(user)})"]
+    result = _locked_retry([usermod, *untag, "--lock", "--expiredate", "1", "--shell", nologin, name])
     if result.returncode != 0:
         return f"the account {name} stays as it was: {result.stderr.strip()}"
+    _end_processes(entry.pw_uid)
+    retired = f"{RETIRED}{entry.pw_uid}"
+    result = _locked_retry([usermod, "--login", retired, name])
+    if result.returncode != 0:
+        return f"the account {name} stays, retired but not renamed: {result.stderr.strip()}"
     group = _group(entry.pw_gid)
     if group == name:  # useradd --user-group made it; its name is free for the new account's group
         groupmod = shutil.which("groupmod", path=SYSTEM_PATH) or "groupmod"
@@ -167,16 +173,22 @@ def retire_user_account(user: str, homes: str) -> str | None:
 
 
 def _end_processes(uid: int, wait_s: float = 5.0) -> None:
-    """SIGKILL every process whose real or effective uid is ``uid``, and wait (a while) until none is left:
-    the account cannot be renamed while one runs, and nothing of a deleted user should."""
+    """SIGKILL every process whose real or effective uid is ``uid`` (never 0), and wait (a while) until none is
+    left: the account cannot be renamed while one runs, and nothing of a deleted user should. Each is
+    signalled through a pidfd opened before its uid is read, so a pid reused meanwhile is never signalled."""
     deadline = time.monotonic() + wait_s
     while True:
-        running = [pid for pid in _pids() if uid in _uids_of(pid)]
+        running = [pid for pid in _pids() if uid in _live_uids(pid)]
         if not running or time.monotonic() > deadline:
             return
         for pid in running:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                descriptor = os.pidfd_open(pid)
+                try:
+                    if uid in _live_uids(pid):
+                        signal.pidfd_send_signal(descriptor, signal.SIGKILL)
+                finally:
+                    os.close(descriptor)
         time.sleep(0.05)
 
 
@@ -184,13 +196,16 @@ def _pids() -> list[int]:
     return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
 
 
-def _uids_of(pid: int) -> set[int]:
+def _live_uids(pid: int) -> set[int]:
+    """The real and effective uids of ``pid``; none for a zombie (nothing left to kill) or one gone."""
     try:
         with open(f"/proc/{pid}/status") as status:
-            line = next((line for line in status if line.startswith("Uid:")), "")
+            fields = dict(line.split(":", 1) for line in status if ":" in line)
     except OSError:  # it ended meanwhile
         return set()
-    return {int(uid) for uid in line.split()[1:3]}
+    if fields.get("State", "").strip().startswith(("Z", "X")):
+        return set()
+    return {int(uid) for uid in fields.get("Uid", "").split()[:2]}
 
 
 def _group(gid: int) -> str | None:

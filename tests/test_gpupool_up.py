@@ -209,9 +209,16 @@ def test_as_root_each_users_server_and_jobs_run_as_an_account_of_their_own(start
 
 
 def _processes_of(uid: int) -> list[int]:
-    """The processes running as ``uid``."""
+    """The processes running as ``uid`` (a zombie runs nothing: it waits for its parent to read its status)."""
     pids = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
-    return [pid for pid in pids if uid in _uids_or_none(pid)]
+    return [pid for pid in pids if uid in _uids_or_none(pid) and not _zombie(pid)]
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True  # gone meanwhile
 
 
 def _uids_or_none(pid: int) -> set[int]:

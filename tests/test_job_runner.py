@@ -146,6 +146,15 @@ def test_without_root_jobs_run_as_the_service_user_in_homes_under_the_home_root(
     assert simple == processes.Identity("alice", "/srv/homes/alice")
 
 
+def test_a_deleted_users_filed_away_name_has_no_identity(tmp_path: Path) -> None:
+    """An admin reading a deleted user's filed-away job log ("grace/deleted …") made the folder
+    ``<home_root>/grace/deleted …`` inside the home a new grace would get (from the review)."""
+    for euid in (0, 1000):
+        with pytest.raises(processes.NoSystemAccount, match="is a deleted hub user"):
+            processes.identity_for("grace/deleted 2026-12-07 17:40:03", home_root=str(tmp_path), euid=euid)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_with_one_account_every_users_jobs_run_as_it_in_homes_under_the_home_root() -> None:
     account = pwd.getpwnam(job_user())
     shared = processes.identity_for("alice", home_root="/srv/homes", account=account.pw_name, euid=0)

@@ -126,7 +126,10 @@ def _exists(name: str) -> bool:
 
 
 @as_root
-def test_a_deleted_users_name_given_again_starts_with_nothing_of_theirs(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "user", [f"ua-gone-{WORKER}", f"github:ua-{WORKER}"]
+)  # usermod refuses ':' in a comment
+def test_a_deleted_users_name_given_again_starts_with_nothing_of_theirs(tmp_path: Path, user: str) -> None:
     """A second trial deleted a hub user; a newcomer let in under the same name read the old one's files. A
     hostile-user trial then found the old uid given again: ``userdel`` freed it and the next account took it,
     with what the old user had left outside their home (in ``/tmp``), and a job still running as the old
@@ -144,7 +147,7 @@ def test_a_deleted_users_name_given_again_starts_with_nothing_of_theirs(tmp_path
         assert still_running.wait(timeout=10) == -9  # killed: nothing of a deleted user runs on
         assert not _exists(first.name)
         retired = pwd.getpwuid(first.uid)  # the uid stays taken, by an account nothing runs as
-        assert retired.pw_name == f"gp-retired.{first.uid}" and user in retired.pw_gecos
+        assert retired.pw_name == f"gp-retired.{first.uid}" and "retired" in retired.pw_gecos
         again = ensure_user_account(user, homes)
         made.append(again.uid)
         assert (again.name, os.listdir(again.home)) == (first.name, [])

@@ -116,7 +116,11 @@ class ServiceClient(Connection):
         """``DELETE leases/{id}``; the service makes a second release change nothing."""
         return cast(dict[str, Any], await self.acall("DELETE", f"leases/{lease_id}"))
 
-    async def retire_user(self, user: str) -> dict[str, Any]:
-        """``DELETE users/{user}``: the hub deleted ``user``; their jobs are cancelled (waited for), their
-        leases released and their records filed away. Asking again changes nothing."""
-        return cast(dict[str, Any], await self.acall("DELETE", f"users/{quote(user, safe='')}"))
+    async def retire_user(self, user: str, *, hold: bool = False) -> dict[str, Any]:
+        """``DELETE users/{user}``: the hub deletes ``user``; their jobs are cancelled (waited for), their
+        leases released and their records filed away. ``hold``: nothing new starts for them until a call
+        without it."""
+        params = {"hold": "true"} if hold else None
+        return cast(
+            dict[str, Any], await self.acall("DELETE", f"users/{quote(user, safe='')}", params=params)
+        )

@@ -393,24 +393,39 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
                 await self._hand_back()
 
     async def delete_forever(self) -> None:
-        """The hub deleted the user: the service cancels their jobs, releases what they held and files their
-        records away, so a new user given the name starts with none of them. Once per user (the default
-        server's spawner); a service that does not answer is logged, and its reconciliation is left."""
-        base = super().delete_forever()  # JupyterHub's is a plain function; a base spawner's may be async
-        if inspect.isawaitable(base):
-            await base
-        if self.name:
-            return
+        """The hub deletes the user: the service cancels their jobs, releases what they held and files their
+        records away, holding out new ones, while the base spawner and :meth:`retire_account` do their part;
+        then it is asked again, for anything made meanwhile. Once per user (the default server's spawner). A
+        service that does not answer is logged; the rest goes on."""
+        if not self.name:
+            await self._retire_in_service(hold=True)
+        try:
+            base = super().delete_forever()  # JupyterHub's is a plain function; a base spawner's may be async
+            if inspect.isawaitable(base):
+                await base
+            if not self.name:
+                await self.retire_account()
+        finally:
+            if not self.name:
+                await self._retire_in_service(hold=False)
+
+    async def retire_account(self) -> None:
+        """What else of a deleted user goes once the service has ended their jobs. Nothing here; a spawner
+        that made them a system account overrides it."""
+
+    async def _retire_in_service(self, *, hold: bool) -> None:
         service = ServiceClient(self.service_url, self.service_api_token, timeout=RETIRE_TIMEOUT_S)
         try:
-            retired = await service.retire_user(self.user.name)
+            retired = await service.retire_user(self.user.name, hold=hold)
         except GpupoolError as error:
             self.log.error("gpupool: deleting %s: the service did not retire them: %s", self.user.name, error)
             return
-        self.log.info(
-            "gpupool: deleted %s: %d jobs cancelled, %d leases released, records kept as %r",
+        level = self.log.warning if retired["still_running"] else self.log.info
+        level(
+            "gpupool: deleting %s: %d jobs cancelled (%d still running), %d leases released, records kept as %r",
             self.user.name,
             retired["jobs_cancelled"],
+            retired["still_running"],
             retired["leases_released"],
             retired["records_filed_as"],
         )

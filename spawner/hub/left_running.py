@@ -18,7 +18,7 @@ LISTED = 5  # jobs named in the line; the rest are counted
 def left_running_message(database: Path, state_dir: Path) -> str | None:
     """The line to print once the hub has stopped, or None when no job is running or waiting; ``database``:
     the service's SQLite file."""
-    jobs = _unfinished(f"sqlite:///{database}")
+    jobs = _unfinished(f"sqlite:///file:{database}?mode=ro&uri=true")  # read only: the service owns it
     if not jobs:
         return None
     running = [j for j in jobs if j.state is JobState.RUNNING]
@@ -42,11 +42,15 @@ def _jobs(count: int) -> str:
 
 
 def _unfinished(db_url: str) -> list[Job]:
-    from ..service.store.job_store import JobStore
-    from ..service.store.lease_store import LeaseStore
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import SQLAlchemyError
 
-    store = LeaseStore(db_url)
+    from ..service.store.job_store import JobStore
+
+    engine = create_engine(db_url)
     try:
-        return sorted(JobStore(store.engine).live(), key=lambda job: job.submitted_at)
+        return sorted(JobStore(engine).live(), key=lambda job: job.submitted_at)
+    except SQLAlchemyError:  # locked, or of another version: the stop says nothing rather than fail
+        return []
     finally:
-        store.close()
+        engine.dispose()

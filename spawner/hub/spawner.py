@@ -234,12 +234,10 @@ class SimpleLocalGPUSpawner(LocalGPUSpawner, SimpleLocalProcessSpawner):  # type
                 ) from None
         return await super().start()
 
-    async def delete_forever(self) -> None:
-        """The hub deleted the user: once the service has cancelled their jobs (``GpuLeasing``), with
-        ``account_per_user`` their home goes to ``home_root/.deleted/`` and their account is retired, or a new
-        user given the same name would get the old one's files."""
-        await super().delete_forever()
-        if self.account_per_user and not self.name and os.geteuid() == 0:
+    async def retire_account(self) -> None:
+        """With ``account_per_user``, a deleted user's home goes to ``home_root/.deleted/`` and their account
+        is retired, or a new user given the same name would get the old one's files."""
+        if self.account_per_user and os.geteuid() == 0:
             left = await asyncio.to_thread(retire_user_account, self.user.name, self.home_root)
             if left:
                 self.log.warning("gpupool: deleting %s: %s", self.user.name, left)

@@ -63,6 +63,14 @@ class ServiceParts:
     clock: Callable[[], float] = field(default=time.time)
     # since when the pool's source (a cluster's API server) has not answered; None while it answers
     unreachable_since: Callable[[], float | None] = field(default=lambda: None)
+    # users the hub is deleting, and until when nothing new starts for them (DELETE users/{user}: while it runs,
+    # and with hold=true until the spawner's next call, as it retires their account)
+    retiring: dict[str, float] = field(default_factory=dict)
+
+    def check_not_retiring(self, user: str) -> None:
+        """409 for a user the hub is deleting: a job or lease made meanwhile would outlive them."""
+        if self.retiring.get(user, 0.0) > self.clock():
+            raise HTTPException(status.HTTP_409_CONFLICT, f"user: {user} is being deleted from the hub")
 
     @property
     def api_base(self) -> str:

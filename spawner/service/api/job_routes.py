@@ -75,6 +75,7 @@ async def post_job(body: JobRequest, parts: PartsDep, caller: CallerDep, respons
             "jobs run as a user; submit with a user's token (in their notebook it is already set; else the "
             "user makes one on the hub's token page, /hub/token, for JUPYTERHUB_API_TOKEN)",
         )
+    parts.check_not_retiring(caller.name)
     # an unknown profile is a 400, one the user's groups may not use a 403, an environment it cannot run a 409
     profile = usable_profile(jobs.profiles, body.profile, caller.groups, caller.uses_every_profile)
     refuse_environment(profile, body.environment, parts.environments_never_fit[profile.slug])

@@ -158,6 +158,7 @@ async def post_lease(
         )
     if body.user is None:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, "user: name the user whose server the lease is for")
+    parts.check_not_retiring(body.user)
     groups = frozenset(body.groups or ())
     # the spawner vouches for the user's groups and admin flag
     admin = body.admin or caller.uses_every_profile

@@ -4,7 +4,10 @@ The hub's spawner asks this as JupyterHub deletes the user (``GpuLeasing.delete_
 trial found a deleted user's jobs still running, and a new user given the same name listing, reading and
 cancelling them. Now the service cancels each unfinished job (SIGTERM, the grace period, SIGKILL), releases
 every lease left, waits for the jobs to end, and files the user's records away under a name no hub user can
-have (:mod:`..store.retired_users`). Asking again finds nothing left and changes nothing.
+have (:mod:`..store.retired_users`). Meanwhile a new job or lease for the user is refused (409): JupyterHub
+deletes the user only after its spawner's ``delete_forever``, so their token still works. The spawner asks
+with ``hold=true`` first, retires the account, then asks again without it, which lets a new user of the name
+in; asking finds anything made in between.
 
 Only the hub (``custom:gpupool:leases``) and admins (``custom:gpupool:admin``) may ask.
 """
@@ -12,9 +15,11 @@ Only the hub (``custom:gpupool:leases``) and admins (``custom:gpupool:admin``) m
 # No ``from __future__ import annotations``: FastAPI must evaluate the route signatures.
 import asyncio
 import logging
+import math
 import time
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter, HTTPException, Query, status
 from pydantic import BaseModel, Field
 
 from ..store.retired_users import file_away, retired_name
@@ -26,6 +31,8 @@ router = APIRouter()
 BY = "the hub: the user was deleted"
 POLL_S = 0.1
 SETTLE_S = 10.0  # beyond the jobs' grace period: a SIGKILLed process group takes a moment to be reaped
+HOLD_S = 600.0  # ``hold``: should the hub never call again, the user is let in again after this
+MOST_WAIT_S = 100.0  # within the hub's patience (RETIRE_TIMEOUT_S, 120 s), whatever the grace period
 
 
 class RetiredUser(BaseModel):
@@ -42,46 +49,61 @@ class RetiredUser(BaseModel):
     "/users/{user}",
     summary="The hub deleted this user: cancel their jobs, release their leases, file their records away",
 )
-async def retire_user(user: str, parts: PartsDep, caller: CallerDep) -> RetiredUser:
+async def retire_user(
+    user: str,
+    parts: PartsDep,
+    caller: CallerDep,
+    hold: Annotated[
+        bool,
+        Query(
+            description="go on refusing new jobs and leases for the user (10 minutes at most) until a call "
+            "without it: the hub's spawner holds them out this way while it retires their account"
+        ),
+    ] = False,
+) -> RetiredUser:
     if not (caller.acts_for_others or caller.is_admin):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
             f"user: {caller.name} may not retire a user; it needs custom:gpupool:leases or custom:gpupool:admin",
         )
-    cancelled = [j.id for j in parts.jobs.jobs_for(user) if not j.state.finished]
-    for job_id in cancelled:
-        parts.jobs.cancel(job_id, BY)
-    held_by_jobs = {j.lease_id for j in parts.jobs.jobs_for(user)}
-    released = 0
-    for lease in parts.manager.leases_for(user, active_only=True):
-        if lease.id not in held_by_jobs:  # a job's lease goes when its run has ended
-            parts.manager.release(lease.id, BY)
-            released += 1
-    running = await _until_ended(parts, user, parts.jobs.grace + SETTLE_S)
+    parts.retiring[user] = math.inf  # no new job or lease for them from here (they may be submitting now)
+    try:
+        cancelled, released, running = await _end_everything_of(parts, user)
+    finally:
+        if hold:
+            parts.retiring[user] = parts.clock() + HOLD_S
+        else:
+            parts.retiring.pop(user, None)
     now = time.time()
     filed = await asyncio.to_thread(file_away, parts.manager.store.engine, user, retired_name(user, now))
-    log.info(
-        "user %s deleted: %d jobs cancelled, %d leases released, %d records filed away, %d jobs still running",
-        user,
-        len(cancelled),
-        released,
-        filed,
-        running,
-    )
+    said = "%s deleted: %d jobs cancelled, %d leases released, %d records filed away, %d jobs still running"
+    (log.warning if running else log.info)(said, user, cancelled, released, filed, running)
     return RetiredUser(
         user=user,
-        jobs_cancelled=len(cancelled),
+        jobs_cancelled=cancelled,
         leases_released=released,
         still_running=running,
         records_filed_as=retired_name(user, now) if filed else None,
     )
 
 
-async def _until_ended(parts: ServiceParts, user: str, wait_s: float) -> int:
-    """Wait up to ``wait_s`` for ``user``'s jobs to finish; how many have not."""
-    deadline = time.monotonic() + wait_s
+async def _end_everything_of(parts: ServiceParts, user: str) -> tuple[int, int, int]:
+    """Cancel ``user``'s unfinished jobs and release the leases no job of theirs holds, again until nothing is
+    left or the wait is over; (jobs cancelled, leases released, jobs still running)."""
+    deadline = time.monotonic() + min(parts.jobs.grace + SETTLE_S, MOST_WAIT_S)
+    cancelled: set[str] = set()
+    released = 0
     while True:
-        left = sum(not j.state.finished for j in parts.jobs.jobs_for(user))
-        if not left or time.monotonic() >= deadline:
-            return left
+        unfinished = [j for j in parts.jobs.unfinished() if j.user == user]  # from memory, not the store
+        for job in unfinished:
+            if job.id not in cancelled:
+                parts.jobs.cancel(job.id, BY)
+                cancelled.add(job.id)
+        held_by_jobs = {j.lease_id for j in unfinished}
+        for lease in parts.manager.leases_for(user, active_only=True):
+            if lease.id not in held_by_jobs:  # a job's lease goes when its run has ended
+                parts.manager.release(lease.id, BY)
+                released += 1
+        if not unfinished or time.monotonic() >= deadline:
+            return len(cancelled), released, len(unfinished)
         await asyncio.sleep(POLL_S)

@@ -95,6 +95,8 @@ def identity_for(
     euid: int | None = None,
 ) -> Identity:
     """The identity a job of ``user`` runs with, by the rule in the module docstring."""
+    if "/" in user:  # a deleted user's filed-away records ("grace/deleted …"): nobody runs, or has a home, so
+        raise NoSystemAccount(f"{user} is a deleted hub user: nothing runs as them")
     euid = os.geteuid() if euid is None else euid
     if euid == 0 and account_per_user:
         return _own_account_identity(user, home_root)

@@ -12,6 +12,7 @@ first job instead of making another (:meth:`JobStore.by_submission`; the unique 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, cast
 
@@ -190,11 +191,18 @@ class JobStore:
         return list(self._live.values())
 
     def list_for_user(self, user: str, newest: int | None = None) -> list[Job]:
-        """A user's jobs (the ``newest`` last submitted, if given), oldest first."""
-        return self._query(JobRow.user == user, newest=newest)
+        """A user's jobs, oldest first: every one, or every unfinished one and the ``newest`` last submitted
+        (a three-day run stays listed behind hundreds of short ones)."""
+        listed = self._query(JobRow.user == user, newest=newest)
+        return listed if newest is None else self._with_live(listed, lambda job: job.user == user)
 
     def list_all(self, newest: int | None = None) -> list[Job]:
-        return self._query(newest=newest)
+        listed = self._query(newest=newest)
+        return listed if newest is None else self._with_live(listed, lambda job: True)
+
+    def _with_live(self, listed: list[Job], wanted: Callable[[Job], bool]) -> list[Job]:
+        by_id = {job.id: job for job in listed} | {j.id: j for j in self._live.values() if wanted(j)}
+        return sorted(by_id.values(), key=lambda job: job.submitted_at)
 
     def _query(self, *where: Any, newest: int | None = None) -> list[Job]:
         with self._sessions.begin() as session:
