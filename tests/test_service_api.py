@@ -423,3 +423,11 @@ def test_a_deleted_user_is_retired_by_the_hub_or_an_admin_only_and_their_records
         assert spawner.get("/leases", params={"user": "erin"}).json() == []
         again = spawner.delete("/users/erin").json()  # asked twice: nothing left to do
         assert (again["leases_released"], again["records_filed_as"]) == (0, None)
+        # held out while the hub retires their account: erin's token still works until the hub drops her, and a
+        # job or server started meanwhile would outlive her (from the review)
+        assert spawner.delete("/users/erin", params={"hold": True}).status_code == 200
+        body = {"profile": "cpu", "owner_kind": "server", "owner_name": "", "user": "erin"}
+        held_out = spawner.post("/leases", json=body)
+        assert held_out.status_code == 409 and "erin is being deleted" in held_out.text, held_out.text
+        assert spawner.delete("/users/erin").status_code == 200  # done: a new erin may come
+        assert spawner.post("/leases", json=body).status_code == 201
