@@ -90,6 +90,10 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     item.add_marker(pytest.mark.xdist_group("kube" if item.get_closest_marker("kube") else path.stem))
 
 
+# The modules that take minutes (each on one worker), longest first: measured on 2 cores, 2026-12-07
+LONGEST_MODULES = ("test_gpupool_up", "test_crash_recovery", "test_queue_browser", "test_one_server")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The control plane, once started, runs until the session ends. In one process its tests run last, so it
     # takes no CPU from the timing-sensitive tests (telemetry from real CPU load) that would follow. With
@@ -99,9 +103,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items.sort(key=lambda item: item.get_closest_marker("kube") is not None)
         return
 
-    def weight(item: pytest.Item) -> int:
+    def weight(item: pytest.Item) -> tuple[int, int]:
         if item.get_closest_marker("kube"):
-            return 0
-        return 1 if item.get_closest_marker("e2e") or item.get_closest_marker("browser") else 2
+            return 0, 0
+        if item.get_closest_marker("e2e") or item.get_closest_marker("browser"):
+            # the longest first: test_queue_browser (three minutes) collected late ended a run alone
+            stem = item.path.stem
+            return 1, LONGEST_MODULES.index(stem) if stem in LONGEST_MODULES else len(LONGEST_MODULES)
+        return 2, 0
 
     items.sort(key=weight)

@@ -612,15 +612,11 @@ def test_a_broken_profiles_or_quotas_file_stops_gpupool_up_on_the_terminal_befor
         httpx.get(f"http://127.0.0.1:{port}/hub/login", timeout=2)
 
 
-def test_a_broken_quotas_file_named_in_an_f_file_stops_gpupool_up_before_the_hub_starts(
-    tmp_path: Path,
-) -> None:
-    """A course's trial set ``c.ServiceSettings.quotas_file`` in an -f file: its typo was found by the service,
-    after the hub and proxy were up, where the same typo in GPUPOOL_QUOTAS stops gpupool up at once."""
-    broken = tmp_path / "course-quotas.yaml"
-    broken.write_text("per_group:\n  students: {mig_slice: 1}\n")
-    extra = tmp_path / "course.py"
-    extra.write_text(f"c = get_config()  # noqa\nc.ServiceSettings.quotas_file = {str(broken)!r}\n")
+def _up_with_f_file(tmp_path: Path, lines: str) -> tuple[subprocess.CompletedProcess[str], Path, int]:
+    """``gpupool up -f lab.py`` with ``lines`` after ``get_config()``, expected to stop at start: what it said,
+    the file and the port it was given."""
+    extra = tmp_path / "lab.py"
+    extra.write_text(f"c = get_config()  # noqa\n{lines}\n")
     port = free_port_family()
     result = subprocess.run(
         up_command(
@@ -638,8 +634,19 @@ def test_a_broken_quotas_file_named_in_an_f_file_stops_gpupool_up_before_the_hub
         timeout=60,
     )
     assert result.returncode != 0, result.stderr
-    assert f"{broken}: per_group.students: unknown field 'mig_slice'" in result.stderr, result.stderr[-3000:]
     assert "Starting proxy" not in result.stderr + result.stdout and "Log in at" not in result.stdout
+    return result, extra, port
+
+
+def test_a_broken_quotas_file_named_in_an_f_file_stops_gpupool_up_before_the_hub_starts(
+    tmp_path: Path,
+) -> None:
+    """A course's trial set ``c.ServiceSettings.quotas_file`` in an -f file: its typo was found by the service,
+    after the hub and proxy were up, where the same typo in GPUPOOL_QUOTAS stops gpupool up at once."""
+    broken = tmp_path / "course-quotas.yaml"
+    broken.write_text("per_group:\n  students: {mig_slice: 1}\n")
+    result, _, port = _up_with_f_file(tmp_path, f"c.ServiceSettings.quotas_file = {str(broken)!r}")
+    assert f"{broken}: per_group.students: unknown field 'mig_slice'" in result.stderr, result.stderr[-3000:]
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/hub/login", timeout=2)
 
@@ -662,49 +669,15 @@ def test_a_misspelt_jupyterhub_setting_in_an_f_file_stops_gpupool_up_naming_it(
     tmp_path: Path, line: str, said: str
 ) -> None:
     """A first-day trial's ``c.Spawner.start_timout = 60`` started the hub without a word (traitlets warns only
-    when it makes a spawner, in the hub's log), where a misspelt gpupool setting stops the start."""
-    extra = tmp_path / "lab.py"
-    extra.write_text(f"c = get_config()  # noqa\n{line}\nc.KubeGPUSpawner.namespace = 'a-cluster-setting'\n")
-    port = free_port_family()
-    result = subprocess.run(
-        up_command(
-            "--port",
-            str(port),
-            "--pool",
-            str(DEMO_POOL),
-            "--state-dir",
-            str(tmp_path / "s"),
-            "-f",
-            str(extra),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode != 0 and f"gpupool: {said}" in result.stderr, result.stderr[-3000:]
-    assert "Starting proxy" not in result.stderr + result.stdout and "Log in at" not in result.stdout
+    when it makes a spawner, in the hub's log), where a misspelt gpupool setting stops the start. A setting for
+    a class the hub does not run with (the Kubernetes spawner's, here) is left alone."""
+    result, _, _ = _up_with_f_file(tmp_path, f"{line}\nc.KubeGPUSpawner.namespace = 'a-cluster-setting'")
+    assert f"gpupool: {said}" in result.stderr, result.stderr[-3000:]
 
 
 def test_a_syntax_error_in_an_f_file_is_one_line_naming_the_file_and_line(tmp_path: Path) -> None:
     """A first-day trial's unclosed bracket printed JupyterHub's thirty-line traceback."""
-    extra = tmp_path / "lab.py"
-    extra.write_text("c = get_config()  # noqa\nc.Spawner.start_timeout = (60\n")
-    result = subprocess.run(
-        up_command(
-            "--port",
-            str(free_port_family()),
-            "--pool",
-            str(DEMO_POOL),
-            "--state-dir",
-            str(tmp_path / "s"),
-            "-f",
-            str(extra),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode != 0
+    result, extra, _ = _up_with_f_file(tmp_path, "c.Spawner.start_timeout = (60")
     assert f"gpupool: -f {extra}, line 2: '(' was never closed" in result.stderr, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
 
