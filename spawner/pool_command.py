@@ -38,7 +38,7 @@ def add_pool_command(commands: Any) -> None:
 
 def show_pool(args: argparse.Namespace) -> int:
     from .client import GpupoolError
-    from .client.connection import Connection
+    from .client.connection import URL_ENV, Connection
     from .inventory import render_pool
     from .pool.expected_start import time_of_day
 
@@ -58,8 +58,11 @@ def show_pool(args: argparse.Namespace) -> int:
         except GpupoolError as error:
             if args.url or args.token:  # asked for the service: its refusal is the answer
                 raise SystemExit(f"gpupool: {error}") from None
-            folder = os.path.abspath(args.state_dir)  # a first-day trial ran it from another folder
-            why = f"no running gpupool service found from {folder}/" if error.status == 0 else str(error)
+            # where it looked: a first-day trial ran it from another folder than gpupool up's; an address from
+            # the environment is named by the error itself
+            folder = os.path.abspath(args.state_dir)
+            looked = error.status == 0 and not os.environ.get(URL_ENV)
+            why = f"no running gpupool service found from {folder}/" if looked else str(error)
             not_live = f"not the live pool ({why}): the devices as the service would find them"
             print(f"gpupool: {not_live}", file=sys.stderr)
     if description is None:

@@ -41,6 +41,18 @@ def test_without_a_driver_the_demo_pool_is_shown_and_labelled_simulated(
     assert "3g.40gb      @4  free" in captured.out
 
 
+def test_a_service_address_from_the_environment_that_does_not_answer_is_named(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUPOOL_SERVICE_URL", "http://127.0.0.1:9/services/gpupool/")  # a notebook's terminal
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "a-token")
+    assert main(["pool"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("Not the live pool (cannot reach the gpupool service at http://127.0.0.1:9/"), (
+        first
+    )
+
+
 def test_a_broken_pool_file_is_one_clear_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
