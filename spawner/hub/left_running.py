@@ -49,7 +49,7 @@ def _unfinished(db_url: str) -> list[Job]:
 
     engine = create_engine(db_url)
     try:
-        return sorted(JobStore(engine).live(), key=lambda job: job.submitted_at)
+        return JobStore(engine).live()  # oldest first
     except SQLAlchemyError:  # locked, or of another version: the stop says nothing rather than fail
         return []
     finally:

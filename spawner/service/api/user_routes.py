@@ -74,8 +74,8 @@ async def retire_user(
             parts.retiring[user] = parts.clock() + HOLD_S
         else:
             parts.retiring.pop(user, None)
-    now = time.time()
-    filed = await asyncio.to_thread(file_away, parts.manager.store.engine, user, retired_name(user, now))
+    filed_as = retired_name(user, parts.clock())
+    filed = await asyncio.to_thread(file_away, parts.manager.store.engine, user, filed_as)
     said = "%s deleted: %d jobs cancelled, %d leases released, %d records filed away, %d jobs still running"
     (log.warning if running else log.info)(said, user, cancelled, released, filed, running)
     return RetiredUser(
@@ -83,7 +83,7 @@ async def retire_user(
         jobs_cancelled=cancelled,
         leases_released=released,
         still_running=running,
-        records_filed_as=retired_name(user, now) if filed else None,
+        records_filed_as=filed_as if filed else None,
     )
 
 

@@ -202,7 +202,7 @@ class JobManager:
     def unfinished(self) -> list[Job]:
         """Every job queued, running or requeued, oldest first, from memory: the dashboard reads them every
         few seconds, and a user's thousands of finished jobs must not make each read slower."""
-        return sorted(self.store.live(), key=lambda job: job.submitted_at)
+        return self.store.live()
 
     def lease_of(self, job: Job) -> Lease | None:
         return self.leases.get(job.lease_id) if job.lease_id else None
