@@ -178,14 +178,14 @@ def _end_processes(uid: int, wait_s: float = 5.0) -> None:
     signalled through a pidfd opened before its uid is read, so a pid reused meanwhile is never signalled."""
     deadline = time.monotonic() + wait_s
     while True:
-        running = [pid for pid in _pids() if uid in _live_uids(pid)]
+        running = [pid for pid in _pids() if uid in live_uids(pid)]
         if not running or time.monotonic() > deadline:
             return
         for pid in running:
             with contextlib.suppress(OSError):
                 descriptor = os.pidfd_open(pid)
                 try:
-                    if uid in _live_uids(pid):
+                    if uid in live_uids(pid):
                         signal.pidfd_send_signal(descriptor, signal.SIGKILL)
                 finally:
                     os.close(descriptor)
@@ -196,7 +196,7 @@ def _pids() -> list[int]:
     return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
 
 
-def _live_uids(pid: int) -> set[int]:
+def live_uids(pid: int) -> set[int]:
     """The real and effective uids of ``pid``; none for a zombie (nothing left to kill) or one gone."""
     try:
         with open(f"/proc/{pid}/status") as status:

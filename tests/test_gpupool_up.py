@@ -208,6 +208,11 @@ def test_as_root_each_users_server_and_jobs_run_as_an_account_of_their_own(start
         up.stop()
 
 
+def _job_uid(user: str) -> int:
+    """The uid ``user``'s jobs run as under ``gpupool up``: their own account as root, else the hub's."""
+    return pwd.getpwnam(account_name(user)).pw_uid if os.geteuid() == 0 else os.geteuid()
+
+
 def _processes_of(uid: int) -> list[int]:
     """The processes running as ``uid`` (a zombie runs nothing: it waits for its parent to read its status)."""
     pids = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
@@ -282,7 +287,7 @@ def test_a_stopped_hub_returns_its_servers_leases_before_its_service_goes_and_na
         assert up.process.wait(timeout=30) == 0, up.log_tail()
     finally:
         up.stop()
-        found = overnight and find_leader(overnight.id, 1)
+        found = overnight and find_leader(overnight.id, 1, _job_uid("demo"))
         if found:  # the test's own clean-up: the job outlives the hub
             os.killpg(found[0], signal.SIGKILL)
     store = LeaseStore(sqlite_url(str(tmp / "state" / "gpupool.sqlite")))

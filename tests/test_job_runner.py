@@ -6,6 +6,7 @@ import os
 import pwd
 import shutil
 import signal
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -95,7 +96,10 @@ def test_a_process_with_the_same_pid_but_another_start_time_is_not_the_job(
         assert processes.group_alive(started.pid, started.start, f"runner-identity-{RUN}")
         assert not processes.group_alive(started.pid, started.start + 1, "another-job")
         assert not processes.signal_group(started.pid, started.start + 1, "another-job", signal.SIGKILL)
-        assert processes.find_leader(f"runner-identity-{RUN}", 1) == (started.pid, started.start)
+        assert processes.find_leader(f"runner-identity-{RUN}", 1, _uid(identity)) == (
+            started.pid,
+            started.start,
+        )
     finally:
         os.killpg(started.pid, signal.SIGKILL)
         started.process.wait(5)
@@ -114,12 +118,39 @@ def test_a_job_whose_env_spells_another_jobs_id_is_never_taken_for_that_job(
     started = processes.launch(identity, ("sleep", "30"), str(user_dir(identity.user)), directory, 1, env)
     try:
         until(lambda: processes.start_time(started.pid) is not None, "the job to start", timeout=10)
-        assert processes.find_leader(job_id, 1) == (started.pid, started.start)
-        assert processes.find_leader(victim, 1) is None
+        assert processes.find_leader(job_id, 1, _uid(identity)) == (started.pid, started.start)
+        assert processes.find_leader(victim, 1, _uid(identity)) is None
         assert not processes.group_alive(started.pid, started.start + 1, victim)
     finally:
         os.killpg(started.pid, signal.SIGKILL)
         started.process.wait(5)
+
+
+def test_a_process_of_another_account_that_sets_a_jobs_variables_is_never_taken_for_it(
+    identity: processes.Identity,
+) -> None:
+    """From a review: after a restart the service finds a run it could not record by the run's variables, and
+    any user may start a process that sets them. Only a process of the job's own account is its run."""
+    job_id = f"runner-impostor-{RUN}"
+    variables = {**os.environ, "GPUPOOL_JOB_ID": job_id, "GPUPOOL_JOB_ATTEMPT": "1"}
+    impostor = subprocess.Popen(["sleep", "30"], env=variables, start_new_session=True)
+    try:
+        until(lambda: processes.start_time(impostor.pid) is not None, "the process to start", timeout=10)
+        mine = (impostor.pid, processes.start_time(impostor.pid))
+        assert processes.find_leader(job_id, 1, os.geteuid()) == mine  # the variables alone would match
+        assert processes.find_leader(job_id, 1, _another_uid()) is None
+    finally:
+        impostor.kill()
+        impostor.wait(5)
+
+
+def _uid(identity: processes.Identity) -> int:
+    return os.geteuid() if identity.uid is None else identity.uid
+
+
+def _another_uid() -> int:
+    """A uid no process of this test runs as."""
+    return next(uid for uid in range(60_000, 65_000) if uid != os.geteuid())
 
 
 def test_a_log_replaced_by_a_symlink_is_never_read(identity: processes.Identity, tmp_path: Path) -> None:

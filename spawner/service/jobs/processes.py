@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ...device_env import device_env
 from ...limits import Cgroup
-from ...user_accounts import DEFAULT_HOMES, AccountError, ensure_user_account, make_private_home
+from ...user_accounts import DEFAULT_HOMES, AccountError, ensure_user_account, live_uids, make_private_home
 
 JOBS_SUBDIR = ".gpupool/jobs"
 LOG_NAME = "output.log"
@@ -288,9 +288,10 @@ def group_alive(pid: int, pid_start: int | None, job_id: str) -> bool:
     return False
 
 
-def find_leader(job_id: str, attempt: int) -> tuple[int, int] | None:
+def find_leader(job_id: str, attempt: int, uid: int) -> tuple[int, int] | None:
     """(pid, start time) of the live group leader of ``job_id``'s run ``attempt``, found by its environment:
-    for a run whose start the service could not record before it died."""
+    for a run whose start the service could not record before it died. Only a process of ``uid``, the account
+    the job runs as, counts: another user's process may set the same variables."""
     marker = f"GPUPOOL_JOB_ID={job_id}".encode()
     attempt_marker = f"GPUPOOL_JOB_ATTEMPT={attempt}".encode()
     for entry in os.scandir("/proc"):
@@ -301,7 +302,7 @@ def find_leader(job_id: str, attempt: int) -> tuple[int, int] | None:
         if found is None or found[2] != pid or found[0] in ("Z", "X"):
             continue
         with contextlib.suppress(OSError):
-            if _environ_holds(pid, marker, attempt_marker):
+            if uid in live_uids(pid) and _environ_holds(pid, marker, attempt_marker):
                 return pid, found[1]
     return None
 

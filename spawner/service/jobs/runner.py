@@ -191,7 +191,8 @@ class LocalRunner:
 
     def find(self, job: Job) -> Job | None:
         if job.pid is None:
-            found = processes.find_leader(job.id, job.attempts)
+            uid = self._uid(job.user)
+            found = processes.find_leader(job.id, job.attempts, os.geteuid() if uid is None else uid)
             if found is None:
                 return None
             job = replace(job, pid=found[0], pid_start=found[1])
