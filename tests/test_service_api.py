@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from hub_harness import SERVICE, RunningHub, free_ports, service_command, write_hub_config
+from polling import until
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
@@ -289,6 +291,23 @@ def test_a_restarted_service_still_knows_alices_lease(hub: Hub) -> None:
         assert again.json()["state"] == "granted" and again.json()["devices"] == lease["devices"]
         (device,) = lease["devices"]
         assert not _mig_instance(alice.get("/pool").json(), device["uuid"])["free"]
+
+
+def test_a_deleted_users_last_minutes_on_a_gpu_are_filed_with_their_records(hub: Hub) -> None:
+    """From a review: the minute a deleted user's server was still running in closed after their records were
+    filed away, and was stored under their name, as usage of whoever is given the name next."""
+    until(lambda: time.time() % 60 < 40, "a minute with 20 s left", timeout=30)  # held within one minute
+    lease = _new_lease(hub, "fay", "h100")
+    held_from = time.time()
+    time.sleep(6)
+    with hub.as_user("hub-client") as spawner:
+        filed = spawner.delete("/users/fay").json()["records_filed_as"]
+        held_s = time.time() - held_from
+        usage = spawner.get("/usage", params={"user": filed}).json()
+        assert [(row["profile"], row["user"]) for row in usage] == [("h100", filed)], usage
+        assert usage[0]["gpu_hours_held"] * 3600 > held_s - 4, (usage, held_s)
+        assert spawner.get("/usage", params={"user": "fay"}).json() == []
+    assert lease["user"] == "fay"
 
 
 def test_usage_is_each_users_own_and_admins_see_everyone(hub: Hub) -> None:

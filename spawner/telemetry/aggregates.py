@@ -130,6 +130,15 @@ class MinuteAggregator:
                     bucket.used += elapsed
         return closed
 
+    def close_held_by(self, user: str) -> list[MinuteAggregate]:
+        """Close the open minutes ``user`` held now, before their records are renamed (a deleted user): left
+        open, they would close later under the name a newcomer may be given."""
+        closed = []
+        for buckets in self._open.values():
+            for holder in [h for h in buckets if h is not None and h.user == user]:
+                closed.append(buckets.pop(holder).close())
+        return closed
+
     def flush(self) -> list[MinuteAggregate]:
         """Close every open minute (at shutdown, or to report a minute before it ends)."""
         closed = [b.close() for buckets in self._open.values() for b in buckets.values()]

@@ -74,6 +74,7 @@ async def retire_user(
             parts.retiring[user] = parts.clock() + HOLD_S
         else:
             parts.retiring.pop(user, None)
+    parts.telemetry.close_minutes_of(user)  # so no minute of theirs is stored under the name after the filing
     filed_as = retired_name(user, parts.clock())
     filed = await asyncio.to_thread(file_away, parts.manager.store.engine, user, filed_as)
     said = "%s deleted: %d jobs cancelled, %d leases released, %d records filed away, %d jobs still running"

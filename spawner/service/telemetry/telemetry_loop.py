@@ -116,16 +116,23 @@ class Telemetry:
         closed: list[MinuteAggregate] = []
         for sample in snapshot.samples:
             closed.extend(self.aggregator.add(sample, held.get(sample.uuid, ())))
-        if closed:
-            self.minutes.extend(closed)
-            if self.on_minutes is not None:
-                self.on_minutes(closed)
+        self._keep(closed)
         for observer in self._observers:
             try:
                 observer(snapshot)
             except Exception:
                 log.exception("telemetry observer %r failed", observer)
         return closed
+
+    def close_minutes_of(self, user: str) -> None:
+        """Keep now what ``user`` held in the minutes still open: their records are about to be filed away."""
+        self._keep(self.aggregator.close_held_by(user))
+
+    def _keep(self, closed: list[MinuteAggregate]) -> None:
+        if closed:
+            self.minutes.extend(closed)
+            if self.on_minutes is not None:
+                self.on_minutes(closed)
 
     async def sample_once(self) -> Snapshot:
         """One pass: the sampler's reads in a worker thread, the bookkeeping here on the event loop."""
