@@ -30,6 +30,7 @@ from hub_harness import (
     wait_for,
     write_hub_config,
 )
+from job_user import job_user
 from jupyterhub.utils import format_exception
 
 from gpupool.spawner.hub.compat import SpawnException
@@ -468,6 +469,40 @@ def _offline_spawner(service: ScriptedService, **config: Any) -> SimpleLocalGPUS
     )
     spawner.service = lambda: service  # type: ignore[method-assign]
     return spawner
+
+
+def test_a_user_deleted_while_the_service_is_down_has_their_jobs_ended_once_it_answers(hub: Hub) -> None:
+    """From a review: with the service down, deleting a user logged an error and nothing more, so their jobs ran
+    on and the next user given the name took them over. JupyterHub deletes the user whatever the spawner says;
+    the spawner asks the service again until it answers. The last test of the module's hub: it kills the
+    service and starts it again by hand."""
+    user = job_user()  # the service runs jobs (as root, only as a user's own account)
+    hub.create_user(user)
+    hub.token_for(user)
+    with hub.admin() as admin, hub.as_user(user) as them:
+        _start(hub, admin, user, "cpu")
+        _wait_ready(hub, admin, user)
+        _stop(hub, admin, user)
+        made = them.post("/jobs", json={"command": ["sleep", "600"], "profile": "cpu"})
+        assert made.status_code == 201, made.text
+        job = made.json()
+        _wait_for(lambda: _job(hub, admin, job["id"])["state"] == "running", "their job to run", hub.log)
+        hub.kill_service()
+        try:
+            assert admin.delete(f"{hub.hub_api}/users/{user}", timeout=60).status_code == 204
+            assert f"deleting {user}: asking the service again every 10 s" in hub.log.read_text()
+        finally:
+            hub.start_service()
+        _wait_for(
+            lambda: _job(hub, admin, job["id"])["state"] == "cancelled", "their job to end", hub.log, 90
+        )
+        assert _job(hub, admin, job["id"])["user"].startswith(f"{user}/deleted ")
+        assert admin.get(f"{hub.service_api}/jobs", params={"user": user}).json() == []
+
+
+def _job(hub: Hub, admin: httpx.Client, job_id: str) -> dict[str, Any]:
+    found: dict[str, Any] = admin.get(f"{hub.service_api}/jobs/{job_id}").json()
+    return found
 
 
 def test_a_spawn_still_queued_at_start_timeout_gives_up_and_releases_its_lease() -> None:

@@ -47,7 +47,11 @@ TOKEN_ENV = "GPUPOOL_API_TOKEN"
 _STATE_KEY = "gpupool_lease_id"
 # retiring a deleted user waits for their jobs to stop: the service's grace period (30 s unless set) and more
 RETIRE_TIMEOUT_S = 120.0
+# a deletion the service missed (it was down) is asked again this often, for this long; kept in the hub's memory
+RETIRE_RETRY_S = 10.0
+RETIRE_RETRY_FOR_S = 24 * 3600.0
 _SERVICE_DOWN = (0, 502, 503, 504)  # unreachable, or the proxy's answer while the service is down
+_RETIRING_LATER: dict[str, asyncio.Task[None]] = {}  # the deleted users asked again, by name: one task each
 
 
 class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its classes are Any
@@ -395,8 +399,11 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
     async def delete_forever(self) -> None:
         """The hub deletes the user: the service cancels their jobs, releases what they held and files their
         records away, holding out new ones, while the base spawner and :meth:`retire_account` do their part;
-        then it is asked again, for anything made meanwhile. Once per user (the default server's spawner). A
-        service that does not answer is logged; the rest goes on."""
+        then it is asked again, for anything made meanwhile. Once per user (the default server's spawner).
+
+        JupyterHub deletes the user whatever this does, so a service that does not answer is asked again
+        every ``RETIRE_RETRY_S`` until it does: their jobs would otherwise run on, and be the next user given
+        the name's."""
         if not self.name:
             await self._retire_in_service(hold=True)
         try:
@@ -406,24 +413,60 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
             if not self.name:
                 await self.retire_account()
         finally:
-            if not self.name:
-                await self._retire_in_service(hold=False)
+            if not self.name and not await self._retire_in_service(hold=False):
+                self._retire_when_the_service_answers()
 
     async def retire_account(self) -> None:
         """What else of a deleted user goes once the service has ended their jobs. Nothing here; a spawner
         that made them a system account overrides it."""
 
-    async def _retire_in_service(self, *, hold: bool) -> None:
-        service = ServiceClient(self.service_url, self.service_api_token, timeout=RETIRE_TIMEOUT_S)
+    async def _retire_in_service(self, *, hold: bool) -> bool:
+        """Ask the service to retire the user; whether it answered (a refusal is logged as answered)."""
         try:
-            retired = await service.retire_user(self.user.name, hold=hold)
+            retired = await self._retirement_client().retire_user(self.user.name, hold=hold)
         except GpupoolError as error:
             self.log.error("gpupool: deleting %s: the service did not retire them: %s", self.user.name, error)
+            return not _worth_asking_again(error)
+        self._log_retired(retired)
+        return True
+
+    def _retire_when_the_service_answers(self) -> None:
+        name = self.user.name
+        if name in _RETIRING_LATER:
             return
+        self.log.warning("gpupool: deleting %s: asking the service again every %g s", name, RETIRE_RETRY_S)
+        task = asyncio.get_running_loop().create_task(self._retire_later(name))
+        _RETIRING_LATER[name] = task
+        task.add_done_callback(lambda _: _RETIRING_LATER.pop(name, None))
+
+    async def _retire_later(self, name: str) -> None:
+        service = self._retirement_client()
+        give_up = time.monotonic() + RETIRE_RETRY_FOR_S
+        while time.monotonic() < give_up:
+            await asyncio.sleep(RETIRE_RETRY_S)
+            try:
+                retired = await service.retire_user(name, hold=False)
+            except GpupoolError as error:
+                if _worth_asking_again(error):
+                    continue
+                self.log.error("gpupool: deleting %s: the service refused to retire them: %s", name, error)
+                return
+            self._log_retired(retired)
+            return
+        self.log.error(
+            "gpupool: deleting %s: the service did not answer for %g hours; their jobs may still run",
+            name,
+            RETIRE_RETRY_FOR_S / 3600,
+        )
+
+    def _retirement_client(self) -> ServiceClient:
+        return ServiceClient(self.service_url, self.service_api_token, timeout=RETIRE_TIMEOUT_S)
+
+    def _log_retired(self, retired: Mapping[str, Any]) -> None:
         level = self.log.warning if retired["still_running"] else self.log.info
         level(
             "gpupool: deleting %s: %d jobs cancelled (%d still running), %d leases released, records kept as %r",
-            self.user.name,
+            retired["user"],
             retired["jobs_cancelled"],
             retired["still_running"],
             retired["leases_released"],
@@ -439,3 +482,8 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
             await self.end_leftovers()
         finally:
             await self.release_lease()
+
+
+def _worth_asking_again(error: GpupoolError) -> bool:
+    """Whether the service was down (ask again later), not refusing (a wrong token's 403 stays one)."""
+    return error.status in _SERVICE_DOWN
