@@ -199,6 +199,21 @@ def test_an_admins_fault_survives_a_restart_until_the_gpu_is_repaired(db_url: st
     assert jobs.leases.health_of("dgx", 0) is Health.HEALTHY and keeper.store.all() == []
 
 
+@pytest.mark.parametrize("mark", ["drain", "fault"])
+def test_work_queued_at_a_restart_never_starts_on_a_gpu_still_marked(db_url: str, mark: str) -> None:
+    """A failure-and-resume trial: after a restart a queued job started on a GPU still marked unhealthy (or
+    drained), since the first admission came before the stored marks were applied."""
+    jobs, keeper = service(db_url)
+    getattr(keeper, mark)("dgx", 0, "user admin")
+    held = jobs.leases.request_lease("bob", [], "server", "bob", "h100", ONE_GPU)  # GPU 1, the only one left
+    queued = jobs.leases.request_lease("carol", [], "server", "carol", "h100", ONE_GPU)
+    assert queued.state is LeaseState.QUEUED
+    jobs, keeper = service(db_url)  # carol waits on: GPU 0 is still out, GPU 1 is bob's
+    assert jobs.leases.get(queued.id).state is LeaseState.QUEUED
+    jobs.leases.release(held.id)
+    assert jobs.leases.get(queued.id).devices[0].gpu_uuid == "GPU-dgx-1"
+
+
 def test_repair_lifts_a_fault_the_telemetry_found_but_not_a_drain(db_url: str) -> None:
     jobs, keeper = service(db_url)
     keeper.drain("dgx", 1, "user admin")

@@ -19,6 +19,7 @@ take note, never call back into the manager.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -38,6 +39,7 @@ from ...pool.quotas import QuotaExceeded, QuotaPolicy
 from ...pool.requests import Request
 from ...pool.state import Allocation, OutsideUse, PoolState
 from ...pool.trial import count_fits
+from ..store.health_store import HealthStore
 from ..store.lease_store import LeaseNotFound, LeaseStore
 from .recorded import queue_entry, restore_leases
 
@@ -76,6 +78,7 @@ class LeaseManager:
         self._health_marks: dict[tuple[str, int | None], dict[Health, str]] = {}
         self._held_because: str | None = None  # see hold_placements
         self.released_at_start = restore_leases(self.store, self._pool, self._queue, self._clock)
+        self._restore_health_marks()
         self.admit()  # the pool may have grown while the service was down
 
     @property
@@ -281,6 +284,16 @@ class LeaseManager:
                 and lease.node == node
                 and (uuid is None or any(g.gpu_uuid == uuid for g in lease.devices))
             ]
+
+    def _restore_health_marks(self) -> None:
+        """Take the stored drains and faults out of the pool before the first admission after a restart: a
+        trial's queued job started on a GPU still marked failed. What the marks do to running work is the
+        health keeper's, later (``HealthKeeper.restore``); a mark on a device the pool lacks waits for it."""
+        for mark in HealthStore(self.store.engine).all():
+            marks = {**self._health_marks.get((mark.node, mark.gpu_index), {}), mark.health: mark.reason}
+            with contextlib.suppress(KeyError):
+                self._pool.set_health(mark.node, _effective(marks), mark.gpu_index)
+                self._health_marks[(mark.node, mark.gpu_index)] = marks
 
     def _apply_marks(self, node: str, gpu_index: int | None, marks: dict[Health, str]) -> None:
         health = _effective(marks)
