@@ -72,8 +72,8 @@ def gpupool(hub: RunningHub, who: str, *argv: str) -> subprocess.CompletedProces
     )
 
 
-def submit(me: httpx.Client) -> dict[str, Any]:
-    response = me.post("/jobs", json={"command": ["sleep", "60"], "profile": "h100", "retries": 2})
+def submit(me: httpx.Client, retries: int = 2) -> dict[str, Any]:
+    response = me.post("/jobs", json={"command": ["sleep", "60"], "profile": "h100", "retries": retries})
     assert response.status_code == 201, response.text
     job: dict[str, Any] = response.json()
     return job
@@ -166,3 +166,17 @@ def test_an_admin_drains_a_gpu_its_job_moves_new_work_waits_and_undrain_brings_i
         repaired = gpupool(hub, "admin", "repair", f"{NODE}/{drained}")
         assert repaired.returncode == 0 and repaired.stdout == f"{NODE}/{drained}\thealthy\n", repaired.stderr
         assert me.delete(f"/jobs/{second['id']}").json()["state"] in ("running", "cancelled")
+
+        # a failure trial: a fault said "jobs requeued" of a job that had no retries left, and so failed
+        until(lambda: job(me, second["id"])["state"] == "cancelled", "the second job to end")
+        last = submit(me, retries=0)
+        until(lambda: running_on(me, last["id"]) is not None, "the job without retries to run")
+        where = running_on(me, last["id"])
+        ended = gpupool(hub, "admin", "fault", f"{NODE}/{where}")
+        assert ended.returncode == 0, ended.stderr
+        assert ended.stdout.startswith(
+            f"{NODE}/{where}\tunhealthy\tjobs requeued: none; jobs ended failed, no retries left (their "
+            f"checkpoints kept): {last['id']} ({last['user']}'s {last['name']})"
+        ), ended.stdout
+        until(lambda: job(me, last["id"])["state"] == "failed", "the job without retries to fail")
+        assert gpupool(hub, "admin", "repair", f"{NODE}/{where}").returncode == 0

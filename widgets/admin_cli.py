@@ -57,8 +57,13 @@ def _mark(args: argparse.Namespace) -> int:
     body = parse_device(args.device)
     connection = connect(args)
     out = connection.call("POST", args.route, json=body)
-    jobs = ", ".join(_job(connection, job_id) for job_id in out["stopped_jobs"]) or "none"
-    print(f"{args.device}\t{out['health']}\tjobs requeued: {jobs}")
+    failed = out.get("failed_jobs", [])
+    requeued = ", ".join(_job(connection, job_id) for job_id in out["stopped_jobs"] if job_id not in failed)
+    line = f"{args.device}\t{out['health']}\tjobs requeued: {requeued or 'none'}"
+    if failed:
+        ended = ", ".join(_job(connection, job_id) for job_id in failed)
+        line += f"; jobs ended failed, no retries left (their checkpoints kept): {ended}"
+    print(line)
     if out["servers"]:
         print(
             f"servers still running there: {', '.join(_server(connection, lease) for lease in out['servers'])}"

@@ -163,6 +163,11 @@ class Job:
         """Whether a run the pool ends now may go back to the queue (retries left)."""
         return self.requeues < self.retries
 
+    def requeue_fails(self, reason: str) -> bool:
+        """Whether a requeue for ``reason`` ends the job failed instead: it would spend a retry, and none is
+        left."""
+        return not self.may_requeue and not uses_no_retry(reason)
+
     def to(self, state: JobState, at: float, reason: str, **changes: Any) -> Job:
         """This job in ``state`` with the transition recorded; :class:`InvalidTransition` if not allowed."""
         if state not in _ALLOWED.get(self.state, frozenset()):

@@ -45,8 +45,10 @@ class MarkedOut(BaseModel):
     node: str
     gpu_index: int | None
     health: str
-    stopped_jobs: list[str] = Field(
-        description="jobs stopped to be requeued (or failed, with no retries left)"
+    stopped_jobs: list[str] = Field(description="jobs stopped: requeued, unless in failed_jobs")
+    failed_jobs: list[str] = Field(
+        description="of those, the jobs that end failed: a fault spends a retry and none was left (a drain "
+        "spends none); their checkpoints stay for a new job to resume from"
     )
     servers: list[str] = Field(description="server leases on it, which keep running")
 
@@ -108,8 +110,16 @@ def _marked(parts: ServiceParts, body: DeviceRequest, caller: Caller, mark: Mark
     except KeyError as error:
         return _unknown(body, error)
     health = parts.manager.health_of(body.node, body.gpu_index)
+    failed = [
+        job.id for job in map(parts.jobs.get, stopped) if job.stop and job.requeue_fails(job.stop.reason)
+    ]
     return MarkedOut(
-        node=body.node, gpu_index=body.gpu_index, health=health, stopped_jobs=stopped, servers=servers
+        node=body.node,
+        gpu_index=body.gpu_index,
+        health=health,
+        stopped_jobs=stopped,
+        failed_jobs=failed,
+        servers=servers,
     )
 
 

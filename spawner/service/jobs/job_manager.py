@@ -349,7 +349,7 @@ class JobManager:
 
     def _requeue(self, job: Job, now: float, reason: str, code: int | None) -> None:
         self._release(job, reason)
-        if not job.may_requeue and not uses_no_retry(reason):
+        if job.requeue_fails(reason):
             said = f"{reason}; no retries left ({job.retries})"
             self.store.save(job.to(JobState.FAILED, now, said, exit_code=code))
             return
