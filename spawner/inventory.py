@@ -128,9 +128,11 @@ def render_pool(description: dict[str, Any], holders: Mapping[str, str] | None =
             f"free  memory {node['memory_free_mib'] / 1024:g}/{node['memory_mib'] / 1024:g} GiB free"
         )
         for gpu in node["gpus"]:
-            lines.append("  " + _gpu_line(gpu, held_by))
+            # a GPU of a drained or failed node takes nothing new either, though the node's mark is not its own
+            out = next((h for h in (node["health"], gpu["health"]) if h != "healthy"), None)
+            lines.append("  " + _gpu_line(gpu, out, held_by))
             for instance in gpu["mig"]:
-                state = "free" if instance["free"] else held_by(instance["holders"])
+                state = held_by(instance["holders"]) if not instance["free"] else out or "free"
                 lines.append(
                     f"      {instance['profile']:<12} @{instance['start']}  {state}  {instance['uuid']}"
                 )
@@ -143,11 +145,12 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
-def _gpu_line(gpu: dict[str, Any], held_by: Callable[[list[str]], str]) -> str:
+def _gpu_line(gpu: dict[str, Any], out: str | None, held_by: Callable[[list[str]], str]) -> str:
+    """One GPU's line; ``out``: the health that keeps new work off it (its own or its node's), if any."""
     link = f"  NVLink {gpu['nvlink_group']}" if gpu["nvlink_group"] is not None else ""
     head = f"GPU {gpu['index']}  {gpu['product']:<14} {gpu['memory_mib'] / 1024:>5.0f} GiB  {gpu['mode']:<6}"
-    if gpu["health"] != "healthy":
-        state = gpu["health"]
+    if out is not None:
+        state = out + (f"; {held_by(gpu['holders'])}" if gpu["holders"] else "")
     elif gpu["mode"] == "mig":
         free = sum(1 for m in gpu["mig"] if m["free"])
         state = f"{free}/{len(gpu['mig'])} MIG slices free"

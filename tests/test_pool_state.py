@@ -277,6 +277,20 @@ def test_inventory_shows_drained_nodes_and_failed_gpus() -> None:
     assert description["summary"]["unhealthy"] == ["a", "b/gpu3"]
 
 
+def test_the_pool_text_never_calls_a_gpu_of_a_failed_node_free() -> None:
+    """A failure trial read "[unhealthy]" on a node and "whole free" on each of its GPUs."""
+    from gpupool.spawner.inventory import describe_pool, render_pool
+
+    state = PoolState([h100_node("a"), h100_node("b")])
+    place(state, Request(gpu=WholeGpus(1), **CPU_MEM), "L1")
+    state.set_health("a", Health.UNHEALTHY)
+    text = render_pool(describe_pool(state, "simulated", "test"), {"L1": "ada's job"})
+    on_a, on_b = (section.splitlines()[1:] for section in text.split("\n\n")[1:])
+    assert len(on_a) == 14 and all("  unhealthy" in line and "free" not in line for line in on_a), on_a
+    assert sum("  unhealthy; held by ada's job  " in line for line in on_a) == 1, on_a
+    assert all("  free  " in line for line in on_b if " whole " in line), on_b  # a healthy node's are free
+
+
 def test_cpu_only_servers_go_to_the_node_without_gpus_while_it_has_room() -> None:
     """A Kubernetes trial's CPU-only servers all landed on the A100 node beside an empty CPU node; on the demo
     pool, on the DGX: FGD's gradient ties for work that takes no GPU, and the tie went to the node's rank."""
