@@ -18,6 +18,7 @@ from gpupool.widgets.gpu_monitor import (
     device_card,
     device_title,
     monitor_html,
+    out_of_pool,
     pool_free_line,
     sparkline_svg,
     warning_lines,
@@ -114,6 +115,29 @@ def test_a_cull_warning_of_this_server_says_when_and_why_and_others_are_not_show
     at = time.strftime("%H:%M", time.localtime(1300.0))  # the clock time of the cull, not only "in 5 min"
     assert f"stopped in 5 min (at {at}): GPU idle for 2 h" in shown and "other server" not in shown
     assert warning_lines([], now=0) == ""
+
+
+def test_a_card_on_a_drained_node_s_mig_slice_says_so_and_a_healthy_one_says_nothing() -> None:
+    pool = {
+        "nodes": [
+            {
+                "name": "node-a",
+                "health": "drained",
+                "gpus": [{"uuid": "GPU-6", "health": "healthy", "mig": [MIG]}],
+            },
+            {
+                "name": "node-b",
+                "health": "healthy",
+                "gpus": [{"uuid": "GPU-5", "health": "healthy", "mig": []}],
+            },
+        ]
+    }
+    out = out_of_pool(pool)
+    assert out == {"GPU-6": "drained", "MIG-1": "drained"}
+    shown = monitor_html([MIG, GPU], {}, now=0.0, simulated=False, out=out)
+    assert shown.count("drained for maintenance") == 1 and shown.index("MIG-1") < shown.index(
+        "drained"
+    ) < shown.index("GPU-5")
 
 
 def test_the_monitor_labels_simulated_numbers_and_says_when_there_is_no_gpu() -> None:

@@ -12,6 +12,7 @@ template in ``hub_config/templates``). Screenshots go to ``test-artifacts/`` (``
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Iterator
@@ -36,6 +37,7 @@ from up_harness import require_proxy
 
 from gpupool.spawner.backends.simulated import DEMO_POOL
 from gpupool.spawner.hub.up import templates
+from gpupool.widgets import Connection, GpuMonitor
 
 ADMIN_TOKEN = "test-admin-token-monitor-0123456789abcdef"
 HUB_CLIENT_TOKEN = "test-hub-client-token-monitor-0123456789ab"
@@ -137,6 +139,37 @@ def test_a_notebook_shows_gpu_monitor_with_live_values_for_its_leased_gpu(
     # the profile's CPU and memory; no server runs on this lease, so no use is known ("–")
     assert re.search(r"CPU – of 16 cores · memory – of 128\.0 GiB", shown), shown
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)
+
+
+def test_a_researcher_whose_gpu_an_admin_marks_failed_reads_it_on_the_monitor(hub: RunningHub) -> None:
+    """A failure trial: the admin's fault named the server running on the GPU, and its researcher, whose server
+    keeps running there, saw nothing in GpuMonitor, the lease or the hub's pages."""
+    lease = lease_for(hub, USER, "h100", "failing")
+    (device,) = lease["devices"]
+    where = next(
+        {"node": node["name"], "gpu_index": gpu["index"]}
+        for node in httpx.get(f"{hub.service_api}/pool", headers=_auth(hub, USER)).json()["nodes"]
+        for gpu in node["gpus"]
+        if gpu["uuid"] == device["uuid"]
+    )
+    monitor = GpuMonitor(Connection(f"{hub.url}/services/{SERVICE}/", hub.tokens[USER]), lease_id=lease["id"])
+    try:
+        asyncio.run(monitor.update())
+        assert "marked failed" not in monitor.view.value
+        marked = httpx.post(f"{hub.service_api}/admin/faults", json=where, headers=_auth(hub, ADMIN_USER))
+        assert marked.status_code == 200 and marked.json()["servers"] == [lease["id"]], marked.text
+        asyncio.run(monitor.update())
+        card = monitor.view.value
+        assert "This GPU was marked failed" in card and "restart your server" in card, card
+    finally:
+        monitor.close()
+        httpx.post(f"{hub.service_api}/admin/repair", json=where, headers=_auth(hub, ADMIN_USER))
+        with httpx.Client(headers={"Authorization": f"token {HUB_CLIENT_TOKEN}"}) as spawner:
+            spawner.delete(f"{hub.service_api}/leases/{lease['id']}")
+
+
+def _auth(hub: RunningHub, user: str) -> dict[str, str]:
+    return {"Authorization": f"token {hub.tokens[user]}"}
 
 
 def test_the_admin_dashboard_renders_live_values_in_chromium(hub: RunningHub) -> None:

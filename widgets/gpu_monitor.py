@@ -117,8 +117,11 @@ def device_title(device: Mapping[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def device_card(device: Mapping[str, Any], samples: Sequence[Mapping[str, Any]], *, now: float) -> str:
-    """One device's card: title, UUID, and per metric its latest value (or "N/A") with a sparkline."""
+def device_card(
+    device: Mapping[str, Any], samples: Sequence[Mapping[str, Any]], *, now: float, out: str | None = None
+) -> str:
+    """One device's card: title, UUID, what an admin's mark on it means (``out``: "unhealthy" or "drained"),
+    and per metric its latest value (or "N/A") with a sparkline."""
     latest = samples[-1] if samples else None
 
     def series(key: str) -> list[tuple[float, float | None]]:
@@ -147,8 +150,38 @@ def device_card(device: Mapping[str, Any], samples: Sequence[Mapping[str, Any]],
     return (
         f'<div class="gpupool-card"><div class="gpupool-card-title">{html.escape(device_title(device))}</div>'
         f'<div class="gpupool-uuid">{html.escape(str(device.get("uuid", "")))}</div>'
+        f"{_out_note(out)}"
         f'<table class="gpupool-metrics">{body}</table></div>'
     )
+
+
+# what a researcher on a device an admin took out of the pool reads on its card (a failure trial saw nothing)
+OUT_OF_POOL = {
+    "unhealthy": "This GPU was marked failed: nothing new is placed on it. What runs here keeps running; save "
+    "your work and restart your server to move to a healthy GPU.",
+    "drained": "This GPU was drained for maintenance: nothing new is placed on it. What runs here keeps "
+    "running; save your work and restart your server when you can.",
+}
+
+
+def _out_note(out: str | None) -> str:
+    if out is None:
+        return ""
+    said = OUT_OF_POOL.get(out, f"This GPU is {out}: nothing new is placed on it.")
+    return f'<div class="gpupool-warning">{html.escape(said)}</div>'
+
+
+def out_of_pool(pool: Mapping[str, Any]) -> dict[str, str]:
+    """Device UUID (a GPU, or a MIG slice of it) -> ``unhealthy`` or ``drained``, from ``GET pool``, for each
+    device that a mark on it or on its node takes out of the pool."""
+    out: dict[str, str] = {}
+    for node in pool.get("nodes", []):
+        for gpu in node.get("gpus", []):
+            marked = [h for h in (node.get("health"), gpu.get("health")) if h and h != "healthy"]
+            if marked:
+                for uuid in (gpu.get("uuid"), *(m.get("uuid") for m in gpu.get("mig") or ())):
+                    out[str(uuid)] = marked[0]
+    return out
 
 
 def pool_free_line(summary: Mapping[str, Any]) -> str:
@@ -215,12 +248,18 @@ def monitor_html(
     message: str = "",
     host_line: str = "",
     waiting: Sequence[str] = (),
+    out: Mapping[str, str] | None = None,
 ) -> str:
     """The whole monitor: the simulated label, warnings, one card per device, the pool line, a message.
     ``devices`` None: not known yet (no answer from the service so far), so no cards and no "no GPU".
-    ``waiting``: what each followed lease still in the queue says (its place and expected start)."""
+    ``waiting``: what each followed lease still in the queue says (its place and expected start); ``out``:
+    :func:`out_of_pool`."""
     head = '<span class="gpupool-simulated">simulated</span> ' if simulated else ""
-    cards = "".join(device_card(d, samples.get(str(d["uuid"]), ()), now=now) for d in devices or ())
+    out = out or {}
+    cards = "".join(
+        device_card(d, samples.get(str(d["uuid"]), ()), now=now, out=out.get(str(d["uuid"])))
+        for d in devices or ()
+    )
     if devices is not None and not devices and not waiting:
         cards = "<p>This server holds no GPU (its lease has no devices).</p>"
     cards += "".join(f'<p class="gpupool-waiting">{html.escape(line)}</p>' for line in waiting)
@@ -288,6 +327,7 @@ class GpuMonitor(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.samples: dict[str, deque[dict[str, Any]]] = {}
         self.simulated: bool | None = None
         self.waiting: list[str] = []  # what followed leases still queued say: their place and expected start
+        self.out: dict[str, str] = {}  # the devices taken out of the pool (out_of_pool)
         self.updates = 0  # completed refreshes, for tests and the curious
         self._since: float | None = None
         self.view = w.HTML()
@@ -347,6 +387,7 @@ class GpuMonitor(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             self._take_samples(telemetry)
             host_line = resources_line(resources)
             pool_line = pool_free_line(pool.get("summary", {}))
+            self.out = out_of_pool(pool)
             warnings = warning_lines(pending, now=time.time(), lease_id=self.lease_id)
         except GpupoolError as error:
             message = str(error)
@@ -364,6 +405,7 @@ class GpuMonitor(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             message=message,
             host_line=host_line,
             waiting=self.waiting,
+            out=self.out,
         )
 
     def _replaced(self) -> None:
