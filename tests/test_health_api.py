@@ -127,6 +127,8 @@ def test_an_admin_drains_a_gpu_its_job_moves_new_work_waits_and_undrain_brings_i
         history = job(me, first["id"])["history"]
         assert [t["state"] for t in history] == ["queued", "running", "requeued", "running"]
         assert history[2]["reason"] == f"drained by service test-admin: GPU {drained} of node {NODE}"
+        # what the job's views show while it runs again (a failure trial read only "attempt 2 started on …")
+        assert history[3]["reason"].endswith(f"; the run before: {history[2]['reason']}"), history[3]
 
         second = submit(me)  # the drained GPU is free, yet nothing new is placed on it
         assert job(me, second["id"])["state"] == "queued" and job(me, second["id"])["position"] == 0
