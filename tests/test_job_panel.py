@@ -61,7 +61,7 @@ def test_the_table_lists_newest_first_with_devices_and_queue_place() -> None:
         ]
     )
     assert table.index("j2") < table.index("j1")
-    assert "queued (#2 in line)" in table
+    assert "queued (#2 in line, no expected start yet (what it waits for has no time limit" in table
     assert "3g.40gb on H100-80GB #6" in table
 
 

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from spawner.client import EXAMPLE_URL, Connection, GpupoolError
     from spawner.names import UP_STATE
     from spawner.pool.environments import ENV_VAR
-    from spawner.pool.expected_start import time_and_span, time_of_day
+    from spawner.pool.expected_start import NO_EXPECTED_START, time_and_span, time_of_day
     from spawner.pool.gpu_equivalents import shares_worth
     from spawner.pool.job_states import MAX_RETRIES
     from spawner.printable import printable
@@ -18,7 +18,7 @@ else:
     from gpupool.spawner.client import EXAMPLE_URL, Connection, GpupoolError
     from gpupool.spawner.names import UP_STATE
     from gpupool.spawner.pool.environments import ENV_VAR
-    from gpupool.spawner.pool.expected_start import time_and_span, time_of_day
+    from gpupool.spawner.pool.expected_start import NO_EXPECTED_START, time_and_span, time_of_day
     from gpupool.spawner.pool.gpu_equivalents import shares_worth
     from gpupool.spawner.pool.job_states import MAX_RETRIES
     from gpupool.spawner.printable import printable
@@ -27,6 +27,7 @@ __all__ = [
     "ENV_VAR",
     "EXAMPLE_URL",
     "MAX_RETRIES",
+    "NO_EXPECTED_START",
     "UP_STATE",
     "Connection",
     "GpupoolError",

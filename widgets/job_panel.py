@@ -21,7 +21,7 @@ from typing import Any
 import ipywidgets as w  # type: ignore[import-untyped]
 from traitlets import Float
 
-from ._api import Connection, GpupoolError, time_and_span, time_of_day
+from ._api import NO_EXPECTED_START, Connection, GpupoolError, time_and_span, time_of_day
 from .gpu_monitor import SIMULATED_STYLE
 from .jobs import FINISHED, Job, submission
 from .poller import Poller, in_background
@@ -74,6 +74,7 @@ def jobs_table(jobs: Iterable[Mapping[str, Any]], now: float | None = None) -> s
             state += f" (#{int(job['position']) + 1} in line"
             start = job.get("expected_start")
             state += f", expected to start by {_when(float(start), at)}" if start else ""
+            state += f", {NO_EXPECTED_START}" if start is None and not held_up else ""
             state += f"; {held_up})" if held_up else ")"
         elif held_up:
             state += f" (not started: {held_up})"

@@ -17,6 +17,7 @@ from typing import Any
 from ._api import (
     EXAMPLE_URL,
     MAX_RETRIES,
+    NO_EXPECTED_START,
     UP_STATE,
     Connection,
     GpupoolError,
@@ -145,6 +146,8 @@ def where_it_stands(model: dict[str, Any], now: float | None = None) -> str:
     start = model.get("expected_start")
     at = time.time() if now is None else now
     by = f", expected to start by {time_and_span(float(start), at, time_of_day)}" if start else ""
+    if start is None and not held_up:  # as the lease says it: a drained or failed device has no end time
+        by = f", {NO_EXPECTED_START}"
     return f"#{model['position'] + 1} in the queue{by}" + (f"; {held_up}" if held_up else "")
 
 

@@ -112,6 +112,9 @@ def ends_in_time(request: Request, starts: Iterable[float | None], now: float) -
     return all(start is not None and now + request.seconds <= start for start in starts)
 
 
+NO_EXPECTED_START = "no expected start yet (what it waits for has no time limit, or is drained or failed)"
+
+
 def time_of_day(at: float) -> str:
     """``14:05 UTC``: the host's time of day, with its zone named."""
     return time.strftime("%H:%M %Z", time.localtime(at))
@@ -121,7 +124,7 @@ def in_words(start: float | None, now: float, clock: Callable[[float], str]) -> 
     """``expected to start by 14:05 (in about 12 min)``; ``no expected start yet`` when unknown. ``clock``
     renders a time of day (the caller's time zone)."""
     if start is None:
-        return "no expected start yet (what it waits for has no time limit, or is drained or failed)"
+        return NO_EXPECTED_START
     return f"expected to start by {time_and_span(start, now, clock)}"
 
 

@@ -268,7 +268,7 @@ class JobManager:
             self.store.save(job.to(JobState.FAILED, now, str(error)))
             return
         devices = ", ".join(g.label for g in lease.devices) or "no GPU"
-        started = f"attempt {attempt} {self.runner.launched_as} {lease.node} ({devices})"
+        this_run = f"attempt {attempt} {self.runner.launched_as} {lease.node} ({devices})"
         # a requeued job says why while it runs again, not only in its history (a failure trial)
         before = next((t.reason for t in reversed(job.history) if t.state is JobState.REQUEUED), None)
         # Recorded as running first: a crash right after the launch is then found again, never run twice.
@@ -276,7 +276,7 @@ class JobManager:
             job.to(
                 JobState.RUNNING,
                 now,
-                started if before is None else f"{started}; the run before: {before}",
+                this_run if before is None else f"{this_run}; the run before: {before}",
                 attempts=attempt,
                 pid=None,
                 pid_start=None,
