@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hub_harness import RunningHub, free_ports, write_hub_config
+from hub_harness import SERVICE, RunningHub, free_ports, write_hub_config
 from job_user import clean_home, job_user
 from polling import until
 
@@ -129,6 +129,10 @@ def test_an_admin_drains_a_gpu_its_job_moves_new_work_waits_and_undrain_brings_i
         assert history[2]["reason"] == f"drained by service test-admin: GPU {drained} of node {NODE}"
         # what the job's views show while it runs again (a failure trial read only "attempt 2 started on …")
         assert history[3]["reason"].endswith(f"; the run before: {history[2]['reason']}"), history[3]
+        # and the user's own page lists it with that line (a failure trial's page had no jobs at all)
+        page = httpx.get(f"{hub.url}/services/{SERVICE}/", params={"token": hub.tokens["me"]}).text
+        listed = page[page.index('id="my-jobs"') :]
+        assert first["id"] in listed and "the run before: drained by service test-admin" in listed, listed
 
         second = submit(me)  # the drained GPU is free, yet nothing new is placed on it
         assert job(me, second["id"])["state"] == "queued" and job(me, second["id"])["position"] == 0

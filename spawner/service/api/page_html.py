@@ -335,6 +335,16 @@ def section(title: str, content: str, css_id: str) -> str:
     return f'<section id="{css_id}"><h2>{_e(title)}</h2>{content}</section>'
 
 
+def my_jobs_table(jobs: Sequence[tuple[str, str, str, str, str]]) -> str:
+    """A user's unfinished jobs (rows of id, name, profile, state, why): a failure trial's researcher found no
+    jobs on their page, and the reason a job was requeued only in the API's history."""
+    if not jobs:
+        return "<p>No job of yours is queued or running.</p>"
+    body = "".join("<tr>" + "".join(f"<td>{_e(cell)}</td>" for cell in row) + "</tr>" for row in jobs)
+    head = "".join(f"<th>{h}</th>" for h in ("job", "name", "profile", "state", "why"))
+    return f'<table class="jobs"><tr>{head}</tr>{body}</table>'
+
+
 def usage_table(rows: Sequence[tuple[str, float, float, float]]) -> str:
     """Per profile: GPU-hours held, used, and the share used (rows of profile, held, used, unknown hours)."""
     if not rows:

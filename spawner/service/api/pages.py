@@ -56,6 +56,7 @@ from .page_html import (
     heat_map,
     host_table,
     idle_list,
+    my_jobs_table,
     page,
     pool_tree,
     queue_table,
@@ -353,10 +354,15 @@ def _host_section(parts: ServiceParts, view: _View) -> str:
 
 
 def _user_body(parts: ServiceParts, view: _View, user: str) -> str:
-    """One user's devices, their idle ones and their GPU-hours, then the pool's summary line."""
+    """One user's devices, their unfinished jobs, their idle devices and their GPU-hours, then the pool's
+    summary line."""
     mine = [x for x in view.leases if x.user == user]
+    jobs = [
+        (j.id, j.name, j.profile, j.state.value, j.reason) for j in parts.jobs.unfinished() if j.user == user
+    ]
     return (
         section("My devices", _my_devices(mine, view.latest, device_labels(view.pool)), "mine")
+        + section("My jobs", my_jobs_table(jobs), "my-jobs")
         + section(
             f"Idle ({view.note})",
             idle_list([i for i in view.idle if i.lease_id in {x.id for x in mine}], view.note),
