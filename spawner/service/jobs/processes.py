@@ -64,7 +64,8 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # What the script's own exit statuses mean: it could not make the job's files, or not enter the working
 # directory, as the user (the command never ran, so there is no exit file to say so).
 START_FAILURES = {
-    125: "the job could not create {job_dir} as {user}: their home must exist and be writable by them",
+    125: "the job could not create its folder {job_dir} as {user}'s account: the folders above it, up to "
+    "their home, must exist and be writable by that account",
     126: "the job could not enter its working directory {working_dir} as {user}",
 }
 
