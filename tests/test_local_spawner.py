@@ -491,13 +491,18 @@ def test_a_user_deleted_while_the_service_is_down_has_their_jobs_ended_once_it_a
         try:
             assert admin.delete(f"{hub.hub_api}/users/{user}", timeout=60).status_code == 204
             assert f"deleting {user}: asking the service again every 10 s" in hub.log.read_text()
+            hub.create_user(user)  # the name given again before the service answers: the newcomer's is theirs
+            hub.token_for(user)
         finally:
             hub.start_service()
-        _wait_for(
-            lambda: _job(hub, admin, job["id"])["state"] == "cancelled", "their job to end", hub.log, 90
-        )
+        with hub.as_user(user) as newcomer:
+            theirs = newcomer.post("/jobs", json={"command": ["sleep", "600"], "profile": "cpu"}).json()
+        ended = "the old job to end"
+        _wait_for(lambda: _job(hub, admin, job["id"])["state"] == "cancelled", ended, hub.log, 90)
         assert _job(hub, admin, job["id"])["user"].startswith(f"{user}/deleted ")
-        assert admin.get(f"{hub.service_api}/jobs", params={"user": user}).json() == []
+        listed = admin.get(f"{hub.service_api}/jobs", params={"user": user}).json()
+        assert [(j["id"], j["state"]) for j in listed] == [(theirs["id"], "running")], listed
+        assert admin.delete(f"{hub.service_api}/jobs/{theirs['id']}").status_code == 200
 
 
 def _job(hub: Hub, admin: httpx.Client, job_id: str) -> dict[str, Any]:

@@ -116,11 +116,16 @@ class ServiceClient(Connection):
         """``DELETE leases/{id}``; the service makes a second release change nothing."""
         return cast(dict[str, Any], await self.acall("DELETE", f"leases/{lease_id}"))
 
-    async def retire_user(self, user: str, *, hold: bool = False) -> dict[str, Any]:
+    async def retire_user(
+        self, user: str, *, hold: bool = False, before: float | None = None
+    ) -> dict[str, Any]:
         """``DELETE users/{user}``: the hub deletes ``user``; their jobs are cancelled (waited for), their
         leases released and their records filed away. ``hold``: nothing new starts for them until a call
-        without it."""
-        params = {"hold": "true"} if hold else None
+        without it; ``before``: only what was made before then (asking again later)."""
+        params: dict[str, str] = {"hold": "true"} if hold else {}
+        if before is not None:
+            params["before"] = repr(before)
         return cast(
-            dict[str, Any], await self.acall("DELETE", f"users/{quote(user, safe='')}", params=params)
+            dict[str, Any],
+            await self.acall("DELETE", f"users/{quote(user, safe='')}", params=params or None),
         )

@@ -404,6 +404,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         JupyterHub deletes the user whatever this does, so a service that does not answer is asked again
         every ``RETIRE_RETRY_S`` until it does: their jobs would otherwise run on, and be the next user given
         the name's."""
+        deleted_at = time.time()
         if not self.name:
             await self._retire_in_service(hold=True)
         try:
@@ -414,7 +415,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
                 await self.retire_account()
         finally:
             if not self.name and not await self._retire_in_service(hold=False):
-                self._retire_when_the_service_answers()
+                self._retire_when_the_service_answers(deleted_at)
 
     async def retire_account(self) -> None:
         """What else of a deleted user goes once the service has ended their jobs. Nothing here; a spawner
@@ -430,26 +431,31 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         self._log_retired(retired)
         return True
 
-    def _retire_when_the_service_answers(self) -> None:
+    def _retire_when_the_service_answers(self, deleted_at: float) -> None:
+        """Ask again in the background; only for what was made before ``deleted_at``, since the name may be
+        given to a newcomer meanwhile, whose servers and jobs are theirs."""
         name = self.user.name
         if name in _RETIRING_LATER:
             return
         self.log.warning("gpupool: deleting %s: asking the service again every %g s", name, RETIRE_RETRY_S)
-        task = asyncio.get_running_loop().create_task(self._retire_later(name))
+        task = asyncio.get_running_loop().create_task(self._retire_later(name, deleted_at))
         _RETIRING_LATER[name] = task
         task.add_done_callback(lambda _: _RETIRING_LATER.pop(name, None))
 
-    async def _retire_later(self, name: str) -> None:
+    async def _retire_later(self, name: str, deleted_at: float) -> None:
         service = self._retirement_client()
         give_up = time.monotonic() + RETIRE_RETRY_FOR_S
         while time.monotonic() < give_up:
             await asyncio.sleep(RETIRE_RETRY_S)
             try:
-                retired = await service.retire_user(name, hold=False)
+                retired = await service.retire_user(name, before=deleted_at)
             except GpupoolError as error:
                 if _worth_asking_again(error):
                     continue
                 self.log.error("gpupool: deleting %s: the service refused to retire them: %s", name, error)
+                return
+            except Exception:  # a task's error is otherwise only "never retrieved", at the loop's end
+                self.log.exception("gpupool: deleting %s: asking the service again failed", name)
                 return
             self._log_retired(retired)
             return

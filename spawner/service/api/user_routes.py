@@ -60,23 +60,35 @@ async def retire_user(
             "without it: the hub's spawner holds them out this way while it retires their account"
         ),
     ] = False,
+    before: Annotated[
+        float | None,
+        Query(
+            allow_inf_nan=False,
+            description="only what was submitted, made or recorded before this time (epoch s): the hub asking "
+            "again, once the service answers, for a user deleted while it was down, whose name a newcomer may "
+            "have been given since",
+        ),
+    ] = None,
 ) -> RetiredUser:
     if not (caller.acts_for_others or caller.is_admin):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
             f"user: {caller.name} may not retire a user; it needs custom:gpupool:leases or custom:gpupool:admin",
         )
-    parts.retiring[user] = math.inf  # no new job or lease for them from here (they may be submitting now)
+    if (
+        before is None
+    ):  # the user is being deleted now: nothing new for them from here (they may be submitting)
+        parts.retiring[user] = math.inf
     try:
-        cancelled, released, running = await _end_everything_of(parts, user)
+        cancelled, released, running = await _end_everything_of(parts, user, before)
     finally:
         if hold:
             parts.retiring[user] = parts.clock() + HOLD_S
         else:
             parts.retiring.pop(user, None)
-    parts.telemetry.close_minutes_of(user)  # so no minute of theirs is stored under the name after the filing
+    parts.telemetry.close_minutes_of(user)  # what they held in the minute now is filed with the rest
     filed_as = retired_name(user, parts.clock())
-    filed = await asyncio.to_thread(file_away, parts.manager.store.engine, user, filed_as)
+    filed = await asyncio.to_thread(file_away, parts.manager.store.engine, user, filed_as, before)
     said = "%s deleted: %d jobs cancelled, %d leases released, %d records filed away, %d jobs still running"
     (log.warning if running else log.info)(said, user, cancelled, released, filed, running)
     return RetiredUser(
@@ -88,21 +100,24 @@ async def retire_user(
     )
 
 
-async def _end_everything_of(parts: ServiceParts, user: str) -> tuple[int, int, int]:
-    """Cancel ``user``'s unfinished jobs and release the leases no job of theirs holds, again until nothing is
-    left or the wait is over; (jobs cancelled, leases released, jobs still running)."""
+async def _end_everything_of(parts: ServiceParts, user: str, before: float | None) -> tuple[int, int, int]:
+    """Cancel ``user``'s unfinished jobs and release the leases no job of theirs holds (those submitted or made
+    ``before`` alone, if given), again until nothing is left or the wait is over; (jobs cancelled, leases
+    released, jobs still running)."""
+    until = math.inf if before is None else before
     deadline = time.monotonic() + min(parts.jobs.grace + SETTLE_S, MOST_WAIT_S)
     cancelled: set[str] = set()
     released = 0
     while True:
-        unfinished = [j for j in parts.jobs.unfinished() if j.user == user]  # from memory, not the store
+        # from memory, not the store
+        unfinished = [j for j in parts.jobs.unfinished() if j.user == user and j.submitted_at < until]
         for job in unfinished:
             if job.id not in cancelled:
                 parts.jobs.cancel(job.id, BY)
                 cancelled.add(job.id)
         held_by_jobs = {j.lease_id for j in unfinished}
         for lease in parts.manager.leases_for(user, active_only=True):
-            if lease.id not in held_by_jobs:  # a job's lease goes when its run has ended
+            if lease.id not in held_by_jobs and lease.created_at < until:  # a job's goes when its run ends
                 parts.manager.release(lease.id, BY)
                 released += 1
         if not unfinished or time.monotonic() >= deadline:

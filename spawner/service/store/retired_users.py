@@ -9,6 +9,7 @@ them, and their GPU-hours, under that name.
 
 from __future__ import annotations
 
+import math
 import time
 
 from sqlalchemy import Engine, Table, update
@@ -26,17 +27,21 @@ def retired_name(user: str, at: float) -> str:
     return f"{user}/deleted {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(at))}"
 
 
-def file_away(engine: Engine, user: str, as_name: str) -> int:
+def file_away(engine: Engine, user: str, as_name: str, before: float | None = None) -> int:
     """Rename ``user``'s finished jobs, released leases, culls and usage to ``as_name``, in one transaction;
-    what still runs or waits keeps its name. Returns the rows renamed."""
+    what still runs or waits keeps its name, and so does what was submitted, made or recorded from ``before`` on
+    (a newcomer's, given the name since). Returns the rows renamed."""
     jobs: Table = JobRow.__table__  # type: ignore[assignment]
     leases: Table = LeaseRow.__table__  # type: ignore[assignment]
     finished = [str(state) for state in FINISHED]
+    until = math.inf if before is None else before
     statements = [
-        update(jobs).where(jobs.c.user == user, jobs.c.state.in_(finished)),
-        update(leases).where(leases.c.user == user, leases.c.state == str(LeaseState.RELEASED)),
-        update(CULLS).where(CULLS.c.user == user),
-        update(MINUTES).where(MINUTES.c.user == user),
+        update(jobs).where(jobs.c.user == user, jobs.c.state.in_(finished), jobs.c.submitted_at < until),
+        update(leases).where(
+            leases.c.user == user, leases.c.state == str(LeaseState.RELEASED), leases.c.created_at < until
+        ),
+        update(CULLS).where(CULLS.c.user == user, CULLS.c.at < until),
+        update(MINUTES).where(MINUTES.c.user == user, MINUTES.c.minute < until),
     ]
     with engine.begin() as connection:
         return sum(connection.execute(s.values(user=as_name)).rowcount for s in statements)
