@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .pool.devices import FULL_MILLI, GpuMode, pool_is_simulated
+from .pool.devices import FULL_MILLI, GpuMode, Health, pool_is_simulated
 from .pool.gpu_equivalents import shares_worth
 from .pool.state import PoolState
 
@@ -37,6 +37,7 @@ def describe_pool(
                     "mode": gpu.mode.value,
                     "max_shares": gpu.max_shares,
                     "health": ns.gpu_health[position].value,
+                    "out": _out(ns.health, ns.gpu_health[position]),
                     "free_milli": ns.free[position] if gpu.mode is not GpuMode.MIG else None,
                     "holders": holders_by_device.get(gpu.uuid, []),
                     "mig": [
@@ -128,8 +129,7 @@ def render_pool(description: dict[str, Any], holders: Mapping[str, str] | None =
             f"free  memory {node['memory_free_mib'] / 1024:g}/{node['memory_mib'] / 1024:g} GiB free"
         )
         for gpu in node["gpus"]:
-            # a GPU of a drained or failed node takes nothing new either, though the node's mark is not its own
-            out = next((h for h in (node["health"], gpu["health"]) if h != "healthy"), None)
+            out = gpu.get("out")
             lines.append("  " + _gpu_line(gpu, out, held_by))
             for instance in gpu["mig"]:
                 state = held_by(instance["holders"]) if not instance["free"] else out or "free"
@@ -139,6 +139,13 @@ def render_pool(description: dict[str, Any], holders: Mapping[str, str] | None =
         if not node["gpus"]:
             lines.append("  (no GPUs)")
     return "\n".join(lines)
+
+
+def _out(node: Health, gpu: Health) -> str | None:
+    """What keeps new work off a GPU, its own mark or its node's (a failed or drained node's GPUs take nothing
+    new either): ``unhealthy`` before ``drained``; None when it takes work."""
+    marks = {node, gpu}
+    return next((h.value for h in (Health.UNHEALTHY, Health.DRAINED) if h in marks), None)
 
 
 def _count(number: int, noun: str) -> str:

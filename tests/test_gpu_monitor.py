@@ -118,18 +118,10 @@ def test_a_cull_warning_of_this_server_says_when_and_why_and_others_are_not_show
 
 
 def test_a_card_on_a_drained_node_s_mig_slice_says_so_and_a_healthy_one_says_nothing() -> None:
-    pool = {
+    pool = {  # GET pool's "out": a GPU's own mark or, here, its node's
         "nodes": [
-            {
-                "name": "node-a",
-                "health": "drained",
-                "gpus": [{"uuid": "GPU-6", "health": "healthy", "mig": [MIG]}],
-            },
-            {
-                "name": "node-b",
-                "health": "healthy",
-                "gpus": [{"uuid": "GPU-5", "health": "healthy", "mig": []}],
-            },
+            {"name": "node-a", "gpus": [{"uuid": "GPU-6", "out": "drained", "mig": [MIG]}]},
+            {"name": "node-b", "gpus": [{"uuid": "GPU-5", "out": None, "mig": []}]},
         ]
     }
     out = out_of_pool(pool)

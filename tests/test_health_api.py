@@ -8,6 +8,7 @@ the other one and the next job waits; undrained, the waiting job gets it.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -136,6 +137,11 @@ def test_an_admin_drains_a_gpu_its_job_moves_new_work_waits_and_undrain_brings_i
 
         second = submit(me)  # the drained GPU is free, yet nothing new is placed on it
         assert job(me, second["id"])["state"] == "queued" and job(me, second["id"])["position"] == 0
+        page = httpx.get(f"{hub.url}/services/{SERVICE}/", params={"token": hub.tokens["me"]}).text
+        waiting = page[page.index(second["id"], page.index('id="my-jobs"')) :]
+        assert re.match(
+            rf"{second['id']}</td>.*<td>#1 in the queue, (expected to start by|no expected start)", waiting
+        )
         marks = admin.get("/admin/health").json()
         assert marks == [
             {
@@ -181,7 +187,7 @@ def test_an_admin_drains_a_gpu_its_job_moves_new_work_waits_and_undrain_brings_i
         ended = gpupool(hub, "admin", "fault", f"{NODE}/{where}")
         assert ended.returncode == 0, ended.stderr
         assert ended.stdout.startswith(
-            f"{NODE}/{where}\tunhealthy\tjobs requeued: none; jobs ended failed, no retries left (their "
+            f"{NODE}/{where}\tunhealthy\tjobs requeued: none; jobs that end failed, no retries left (their "
             f"checkpoints kept): {last['id']} ({last['user']}'s {last['name']})"
         ), ended.stdout
         until(lambda: job(me, last["id"])["state"] == "failed", "the job without retries to fail")

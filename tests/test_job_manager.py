@@ -108,8 +108,8 @@ def test_a_job_whose_home_is_not_writable_fails_saying_so(tmp_path: Path, user: 
     failed = jobs.get(job.id)
     assert failed.state is JobState.FAILED and failed.exit_code is None
     assert failed.reason == (
-        f"the job could not create its folder {failed.job_dir} as {user}'s account: the folders above it, up to "
-        "their home, must exist and be writable by that account"
+        f"the job could not create its folder {failed.job_dir} or its log there as the account {user}'s jobs "
+        "run as: the nearest folder above it that exists must be writable by that account"
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from builders import gpu, node
 
@@ -289,6 +291,21 @@ def test_the_pool_text_never_calls_a_gpu_of_a_failed_node_free() -> None:
     assert len(on_a) == 14 and all("  unhealthy" in line and "free" not in line for line in on_a), on_a
     assert sum("  unhealthy; held by ada's job  " in line for line in on_a) == 1, on_a
     assert all("  free  " in line for line in on_b if " whole " in line), on_b  # a healthy node's are free
+
+
+def test_a_failed_gpu_on_a_drained_node_reads_failed_and_its_neighbours_drained_never_free() -> None:
+    """From a review: the admin's page still called a drained node's GPUs free, and a failed GPU there read
+    "drained" (the node's mark taken first), telling its researcher to restart "when you can"."""
+    from gpupool.spawner.inventory import describe_pool
+    from gpupool.spawner.service.api.page_html import pool_tree
+
+    state = PoolState([h100_node("b")])
+    state.set_health("b", Health.DRAINED)
+    state.set_health("b", Health.UNHEALTHY, gpu_index=3)
+    description = describe_pool(state, "simulated", "test")
+    assert [g["out"] for g in description["nodes"][0]["gpus"]][:4] == ["drained"] * 3 + ["unhealthy"]
+    cells = re.findall(r'<div class="dev[^"]*"[^>]*>(.*?)</div>', pool_tree(description, {}, {}))
+    assert cells and not any(">free<" in cell for cell in cells), cells
 
 
 def test_cpu_only_servers_go_to_the_node_without_gpus_while_it_has_room() -> None:

@@ -62,7 +62,7 @@ def _mark(args: argparse.Namespace) -> int:
     line = f"{args.device}\t{out['health']}\tjobs requeued: {requeued or 'none'}"
     if failed:
         ended = ", ".join(_job(connection, job_id) for job_id in failed)
-        line += f"; jobs ended failed, no retries left (their checkpoints kept): {ended}"
+        line += f"; jobs that end failed, no retries left (their checkpoints kept): {ended}"
     print(line)
     if out["servers"]:
         print(

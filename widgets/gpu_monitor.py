@@ -173,15 +173,14 @@ def _out_note(out: str | None) -> str:
 
 def out_of_pool(pool: Mapping[str, Any]) -> dict[str, str]:
     """Device UUID (a GPU, or a MIG slice of it) -> ``unhealthy`` or ``drained``, from ``GET pool``, for each
-    device that a mark on it or on its node takes out of the pool."""
-    out: dict[str, str] = {}
-    for node in pool.get("nodes", []):
-        for gpu in node.get("gpus", []):
-            marked = [h for h in (node.get("health"), gpu.get("health")) if h and h != "healthy"]
-            if marked:
-                for uuid in (gpu.get("uuid"), *(m.get("uuid") for m in gpu.get("mig") or ())):
-                    out[str(uuid)] = marked[0]
-    return out
+    device that a mark on it or on its node takes out of the pool (its ``out``)."""
+    return {
+        str(uuid): gpu["out"]
+        for node in pool.get("nodes", [])
+        for gpu in node.get("gpus", [])
+        if gpu.get("out")
+        for uuid in (gpu.get("uuid"), *(m.get("uuid") for m in gpu.get("mig") or ()))
+    }
 
 
 def pool_free_line(summary: Mapping[str, Any]) -> str:

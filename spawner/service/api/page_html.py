@@ -149,11 +149,12 @@ def pool_tree(
                 extra += f", {gpu['free_milli'] / 10:g}% free"
             extra += ")"
             label = f"{gpu['product']} #{gpu['index']}"
+            out = gpu.get("out", gpu["health"]) or "healthy"  # its own mark or its node's: both keep work off
             cell = device_cell(
                 label,
                 gpu["uuid"],
                 holders,
-                gpu["health"],
+                out,
                 latest.get(gpu["uuid"]),
                 extra,
                 leased_whole=gpu["mode"] != "mig",
@@ -164,7 +165,7 @@ def pool_tree(
                     f"MIG {m['profile']} @{m['start']}",
                     m["uuid"],
                     [users_of.get(h, h) for h in m["holders"]],
-                    gpu["health"],  # a slice is as healthy as its GPU
+                    out,  # a slice is as healthy as its GPU
                     latest.get(m["uuid"]),
                 )
                 for m in gpu["mig"]

@@ -37,7 +37,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from ...inventory import describe_pool
 from ...mig_report import advice_html, describe_advice
-from ...pool.job_states import JobState
+from ...pool.expected_start import in_words, time_of_day
+from ...pool.job_states import Job, JobState
 from ...pool.leases import Lease, LeaseState
 from ...pool.requests import describe
 from ...telemetry.activity import DEFAULT_THRESHOLD_PERCENT
@@ -357,8 +358,11 @@ def _user_body(parts: ServiceParts, view: _View, user: str) -> str:
     """One user's devices, their unfinished jobs, their idle devices and their GPU-hours, then the pool's
     summary line."""
     mine = [x for x in view.leases if x.user == user]
+    now = parts.clock()
     jobs = [
-        (j.id, j.name, j.profile, j.state.value, j.reason) for j in parts.jobs.unfinished() if j.user == user
+        (j.id, j.name, j.profile, j.state.value, _why(parts, j, now))
+        for j in parts.jobs.unfinished()
+        if j.user == user
     ]
     return (
         section("My devices", _my_devices(mine, view.latest, device_labels(view.pool)), "mine")
@@ -371,6 +375,15 @@ def _user_body(parts: ServiceParts, view: _View, user: str) -> str:
         + section("My usage (GPU-hours)", usage_table(_my_usage(parts, user)), "usage")
         + f'<p class="summary">{summary_line(view.pool["summary"])}</p>'
     )
+
+
+def _why(parts: ServiceParts, job: Job, now: float) -> str:
+    """A waiting job's place and expected start, as its lease says them; else its state's reason."""
+    position = parts.jobs.position(job)
+    if position is None or job.lease_id is None:
+        return job.reason
+    start = parts.manager.expected_start(job.lease_id)
+    return f"#{position + 1} in the queue, {in_words(start, now, time_of_day)}; {job.reason}"
 
 
 def _my_usage(parts: ServiceParts, user: str) -> list[tuple[str, float, float, float]]:

@@ -41,6 +41,9 @@ from .submission import Submission, TooManyQueuedJobs, check_submission, job_req
 
 log = logging.getLogger(__name__)
 
+# how much of a requeued run's reason the next run's carries (a transition's reason holds 2,000 characters)
+REASON_BEFORE_CHARS = 1000
+
 
 class JobManager:
     """Runs jobs on ``leases`` in ``job_runner`` (default: a local one), recording each change in ``store``."""
@@ -271,6 +274,8 @@ class JobManager:
         this_run = f"attempt {attempt} {self.runner.launched_as} {lease.node} ({devices})"
         # a requeued job says why while it runs again, not only in its history (a failure trial)
         before = next((t.reason for t in reversed(job.history) if t.state is JobState.REQUEUED), None)
+        if before is not None and len(before) > REASON_BEFORE_CHARS:
+            before = before[:REASON_BEFORE_CHARS] + "…"
         # Recorded as running first: a crash right after the launch is then found again, never run twice.
         job = self.store.save(
             job.to(

@@ -36,7 +36,14 @@ from pathlib import Path
 
 from ...device_env import device_env
 from ...limits import Cgroup
-from ...user_accounts import DEFAULT_HOMES, AccountError, ensure_user_account, live_uids, make_private_home
+from ...user_accounts import (
+    DEFAULT_HOMES,
+    AccountError,
+    account_name,
+    ensure_user_account,
+    live_uids,
+    make_private_home,
+)
 
 JOBS_SUBDIR = ".gpupool/jobs"
 LOG_NAME = "output.log"
@@ -64,8 +71,8 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 # What the script's own exit statuses mean: it could not make the job's files, or not enter the working
 # directory, as the user (the command never ran, so there is no exit file to say so).
 START_FAILURES = {
-    125: "the job could not create its folder {job_dir} as {user}'s account: the folders above it, up to "
-    "their home, must exist and be writable by that account",
+    125: "the job could not create its folder {job_dir} or its log there as the account {user}'s jobs run "
+    "as: the nearest folder above it that exists must be writable by that account",
     126: "the job could not enter its working directory {working_dir} as {user}",
 }
 
@@ -124,6 +131,18 @@ def identity_for(
         raise NoSystemAccount(f"{user} is a root account here; jobs never run as root")
     groups = tuple(g for g in os.getgrouplist(user, entry.pw_gid) if g != entry.pw_gid)
     return Identity(user, entry.pw_dir, entry.pw_uid, entry.pw_gid, groups)
+
+
+def job_uid(user: str, *, account: str | None = None, account_per_user: bool = False) -> int | None:
+    """The uid ``user``'s jobs run as, by the rule of :func:`identity_for`, looked up without making an account
+    or a home (a deleted user's must not come back): None when that account does not exist."""
+    if os.geteuid() != 0:
+        return os.geteuid()
+    name = account_name(user) if account_per_user else account or user
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return None
 
 
 def _shared_account_identity(user: str, account: str, home_root: str | None) -> Identity:
@@ -292,7 +311,8 @@ def group_alive(pid: int, pid_start: int | None, job_id: str) -> bool:
 def find_leader(job_id: str, attempt: int, uid: int) -> tuple[int, int] | None:
     """(pid, start time) of the live group leader of ``job_id``'s run ``attempt``, found by its environment:
     for a run whose start the service could not record before it died. Only a process of ``uid``, the account
-    the job runs as, counts: another user's process may set the same variables."""
+    the job runs as, counts: another user's process may set the same variables (where every user's jobs run as
+    one account, as without per-user accounts, that tells no user from another)."""
     marker = f"GPUPOOL_JOB_ID={job_id}".encode()
     attempt_marker = f"GPUPOOL_JOB_ATTEMPT={attempt}".encode()
     for entry in os.scandir("/proc"):

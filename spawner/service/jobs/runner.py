@@ -191,8 +191,8 @@ class LocalRunner:
 
     def find(self, job: Job) -> Job | None:
         if job.pid is None:
-            uid = self._uid(job.user)
-            found = processes.find_leader(job.id, job.attempts, os.geteuid() if uid is None else uid)
+            uid = processes.job_uid(job.user, account=self.account, account_per_user=self.account_per_user)
+            found = processes.find_leader(job.id, job.attempts, uid) if uid is not None else None
             if found is None:
                 return None
             job = replace(job, pid=found[0], pid_start=found[1])

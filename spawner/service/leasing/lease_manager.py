@@ -290,10 +290,8 @@ class LeaseManager:
         trial's queued job started on a GPU still marked failed. What the marks do to running work is the
         health keeper's, later (``HealthKeeper.restore``); a mark on a device the pool lacks waits for it."""
         for mark in HealthStore(self.store.engine).all():
-            marks = {**self._health_marks.get((mark.node, mark.gpu_index), {}), mark.health: mark.reason}
-            with contextlib.suppress(KeyError):
-                self._pool.set_health(mark.node, _effective(marks), mark.gpu_index)
-                self._health_marks[(mark.node, mark.gpu_index)] = marks
+            with contextlib.suppress(KeyError):  # a mark is never HEALTHY, so this admits nothing yet
+                self.set_health(mark.node, mark.health, mark.gpu_index, mark.reason)
 
     def _apply_marks(self, node: str, gpu_index: int | None, marks: dict[Health, str]) -> None:
         health = _effective(marks)

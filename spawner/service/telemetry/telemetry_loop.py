@@ -159,9 +159,6 @@ class Telemetry:
                 next_at = max(next_at + self.interval, loop.time())  # no burst after a stall
                 await asyncio.sleep(next_at - loop.time())
         finally:
-            closed = self.aggregator.flush()
-            self.minutes.extend(closed)
-            if closed and self.on_minutes is not None:
-                self.on_minutes(closed)
+            self._keep(self.aggregator.flush())
             self.running = False
             await asyncio.to_thread(self.sampler.close)
