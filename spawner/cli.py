@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .pool import mig
 
 JOB_COMMANDS = ("submit", "jobs", "logs", "cancel")
-ADMIN_COMMANDS = ("drain", "undrain", "fault", "repair")
+ADMIN_COMMANDS = ("drain", "undrain", "fault", "repair", "simulate-xid")
 REPORT_COMMANDS = ("usage",)
 
 
@@ -232,7 +232,8 @@ def _local_cluster() -> Any:
 
 
 def _admin_commands() -> Any:
-    """``drain``, ``undrain``, ``fault`` and ``repair``: API clients too, reached by name like the job commands."""
+    """``drain``, ``undrain``, ``fault``, ``repair`` and ``simulate-xid``: API clients too, reached by name like the
+    job commands."""
     return importlib.import_module("gpupool.widgets.admin_cli")
 
 

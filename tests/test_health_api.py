@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -192,3 +193,30 @@ def test_an_admin_drains_a_gpu_its_job_moves_new_work_waits_and_undrain_brings_i
         ), ended.stdout
         until(lambda: job(me, last["id"])["state"] == "failed", "the job without retries to fail")
         assert gpupool(hub, "admin", "repair", f"{NODE}/{where}").returncode == 0
+
+
+def test_a_simulated_xid_takes_the_gpu_out_as_a_real_failure_would(hub: RunningHub) -> None:
+    """A failure trial could try only an admin's `fault`: nothing let a simulated pool show what the telemetry
+    does when a GPU reports a critical XID."""
+    with hub.as_user("me") as me, hub.as_user("admin") as admin:
+        running = submit(me, retries=1)
+        until(lambda: running_on(me, running["id"]) is not None, "the job to run")
+        where = running_on(me, running["id"])
+        refused = gpupool(hub, "me", "simulate-xid", f"{NODE}/{where}", "79")
+        assert refused.returncode == 1 and "custom:gpupool:admin" in refused.stderr, refused.stderr
+        no_gpu = gpupool(hub, "admin", "simulate-xid", NODE, "79")
+        assert no_gpu.returncode == 1 and "an XID is a GPU's" in no_gpu.stderr, no_gpu.stderr
+
+        mild = gpupool(hub, "admin", "simulate-xid", f"{NODE}/{where}", "13")
+        assert mild.returncode == 0 and "not critical: the GPU stays in the pool" in mild.stdout, mild.stdout
+        time.sleep(5)  # two samples (every 2 s): an application's XID leaves the GPU and its job alone
+        assert health(me, where) == "healthy" and running_on(me, running["id"]) == where
+
+        critical = gpupool(hub, "admin", "simulate-xid", f"{NODE}/{where}", "79")
+        assert critical.returncode == 0 and "critical (GPU has fallen off the bus)" in critical.stdout
+        until(lambda: health(me, where) == "unhealthy", "the telemetry to take the GPU out")
+        (mark,) = admin.get("/admin/health").json()
+        assert mark["reasons"] == {"unhealthy": "XID 79: GPU has fallen off the bus"}, mark
+        until(lambda: running_on(me, running["id"]) == 1 - where, "the job to run again on the other GPU")
+        assert gpupool(hub, "admin", "repair", f"{NODE}/{where}").returncode == 0
+        assert me.delete(f"/jobs/{running['id']}").status_code == 200

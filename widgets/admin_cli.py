@@ -1,5 +1,5 @@
 """``gpupool drain | undrain | fault | repair NODE[/GPU]``: take a node or one GPU out of the pool, and put it
-back (admins).
+back (admins); ``gpupool simulate-xid NODE/GPU XID``: on a simulated pool, the failure the telemetry finds.
 
 Drained: nothing new is placed there, jobs running there are stopped and requeued, servers keep running.
 Marked unhealthy (``fault``) does the same, for a device that failed, until ``repair``; the mark survives a
@@ -41,6 +41,17 @@ def add_admin_commands(commands: Any) -> None:
         sub.add_argument("device", metavar="NODE[/GPU]", help="a node, or one GPU on it: dgx-h100-01/3")
         connection_options(sub, whose="of an admin")
         sub.set_defaults(handler=handler, route=f"admin/{path}")
+    xid = commands.add_parser(
+        "simulate-xid",
+        help="on a simulated pool, have the next sample report an XID on a GPU (admins)",
+        description="On a simulated pool, have the next telemetry sample report an XID on a GPU, as NVML would: "
+        "a critical one (79: fell off the bus, 48: double-bit ECC error, …) takes it out of the pool as a real "
+        "failure does, until `gpupool repair`.",
+    )
+    xid.add_argument("device", metavar="NODE/GPU", help="one GPU: dgx-h100-01/3")
+    xid.add_argument("xid", type=int, metavar="XID", help="the XID, e.g. 79")
+    connection_options(xid, whose="of an admin")
+    xid.set_defaults(handler=_simulate_xid)
 
 
 def parse_device(text: str) -> dict[str, Any]:
@@ -68,6 +79,15 @@ def _mark(args: argparse.Namespace) -> int:
         print(
             f"servers still running there: {', '.join(_server(connection, lease) for lease in out['servers'])}"
         )
+    return 0
+
+
+def _simulate_xid(args: argparse.Namespace) -> int:
+    body = parse_device(args.device)
+    if "gpu_index" not in body:
+        raise GpupoolError(0, "invalid_request", f"NODE/GPU: an XID is a GPU's, e.g. {args.device}/0")
+    out = connect(args).call("POST", "admin/simulated-xid", json=body | {"xid": args.xid})
+    print(f"{args.device}\tXID {out['xid']}\t{out['effect']}")
     return 0
 
 

@@ -88,6 +88,18 @@ class SimulatedSampler:
         self._trees: dict[str, _Tree] = {}
         self._memory: dict[str, float] = {}
         self._temperature: dict[str, float] = {}
+        self._xids: dict[str, list[int]] = {}  # simulated XIDs, by GPU UUID, that the next sample reports
+
+    def simulate_xid(self, node: str, gpu_index: int, code: int) -> None:
+        """Report XID ``code`` on a GPU in the next sample, as NVML's event set would: how a demo tries the
+        path a real failure takes. KeyError names the node, or the GPU the node lacks."""
+        gpus = [gpu for name, gpu in self._gpus if name == node]
+        if not gpus:
+            raise KeyError(node)
+        gpu = next((g for g in gpus if g.index == gpu_index), None)
+        if gpu is None:
+            raise KeyError(f"node {node} has no GPU {gpu_index}")
+        self._xids.setdefault(gpu.uuid, []).append(code)
 
     @property
     def device_count(self) -> int:
@@ -173,7 +185,7 @@ class SimulatedSampler:
             sm_clock_mhz=float(clock),
             ecc_corrected=0,
             ecc_uncorrected=0,
-            xid_errors=(),
+            xid_errors=tuple(self._xids.pop(gpu.uuid, ())),
         )
 
     # ---- the model --------------------------------------------------------------------------------------

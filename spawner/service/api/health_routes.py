@@ -9,6 +9,8 @@
 - ``POST api/v1/admin/repair`` ``{node, gpu_index?}``: the device was reset or replaced; its unhealthy marks
   (an admin's or the telemetry's) are lifted and queued work is admitted.
 - ``GET api/v1/admin/health``: every drained or unhealthy node and GPU, with the reason and the leases on it.
+- ``POST api/v1/admin/simulated-xid`` ``{node, gpu_index, xid}``: on a simulated pool only (409 elsewhere),
+  the next telemetry sample reports the XID on that GPU, so a demo tries what a real failure does.
 
 All need ``custom:gpupool:admin`` (403 otherwise, before the body is read); an unknown node or GPU is a 400
 naming the field. The drains and faults themselves live in :class:`..leasing.health.HealthKeeper`. No
@@ -18,11 +20,12 @@ naming the field. The drains and faults themselves live in :class:`..leasing.hea
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException, status
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...pool.devices import Health
+from ..leasing.health import CRITICAL_XIDS
 from .auth import Caller
 from .context import CallerDep, PartsDep, ServiceParts, administrator
 from .models import Problem
@@ -51,6 +54,23 @@ class MarkedOut(BaseModel):
         "spends none); their checkpoints stay for a new job to resume from"
     )
     servers: list[str] = Field(description="server leases on it, which keep running")
+
+
+class SimulatedXidRequest(BaseModel):
+    """An XID for a simulated pool's telemetry to report on one GPU."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: str = Field(min_length=1, max_length=253)
+    gpu_index: int = Field(ge=0, strict=True, description="the GPU's index, a number")
+    xid: int = Field(ge=1, le=1_000_000, strict=True, description="the XID, e.g. 79 (fell off the bus)")
+
+
+class SimulatedXidOut(BaseModel):
+    node: str
+    gpu_index: int
+    xid: int
+    effect: str = Field(description="what the health keeper does when the next sample reports it")
 
 
 class HealthOut(BaseModel):
@@ -129,6 +149,35 @@ def _lifted(body: DeviceRequest, lift: Callable[[str, int | None], Health]) -> A
     except KeyError as error:
         return _unknown(body, error)
     return HealthOut(node=body.node, gpu_index=body.gpu_index, health=health)
+
+
+@router.post(
+    "/simulated-xid",
+    response_model=SimulatedXidOut,
+    summary="A simulated pool's next sample reports an XID on a GPU: try the path a real failure takes",
+)
+async def post_simulated_xid(
+    body: SimulatedXidRequest, parts: PartsDep, caller: Annotated[Caller, administrator("simulate an XID")]
+) -> Any:
+    simulate = getattr(parts.telemetry.sampler, "simulate_xid", None)
+    if simulate is None or not parts.telemetry.simulated:
+        raise HTTPException(status.HTTP_409_CONFLICT, "only a simulated pool's telemetry can be given an XID")
+    if parts.telemetry.interval <= 0:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            "telemetry sampling is off (GPUPOOL_SAMPLE_SECONDS=0): no sample would say it",
+        )
+    try:
+        simulate(body.node, body.gpu_index, body.xid)
+    except KeyError as error:
+        return _unknown(DeviceRequest(node=body.node, gpu_index=body.gpu_index), error)
+    meaning = CRITICAL_XIDS.get(body.xid)
+    effect = (
+        f"critical ({meaning}): the GPU is marked unhealthy and its jobs requeued, until repaired"
+        if meaning
+        else "not critical: the GPU stays in the pool"
+    )
+    return SimulatedXidOut(node=body.node, gpu_index=body.gpu_index, xid=body.xid, effect=effect)
 
 
 @router.get("/health", summary="Drained and unhealthy nodes and GPUs, why, and the leases on them")
