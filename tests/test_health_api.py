@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -209,7 +208,9 @@ def test_a_simulated_xid_takes_the_gpu_out_as_a_real_failure_would(hub: RunningH
 
         mild = gpupool(hub, "admin", "simulate-xid", f"{NODE}/{where}", "13")
         assert mild.returncode == 0 and "not critical: the GPU stays in the pool" in mild.stdout, mild.stdout
-        time.sleep(5)  # two samples (every 2 s): an application's XID leaves the GPU and its job alone
+        uuid = job(me, running["id"])["devices"][0]["uuid"]
+        until(lambda: 13 in xids_reported(me, uuid), "a sample to report XID 13")
+        # an application's XID leaves the GPU and its job alone
         assert health(me, where) == "healthy" and running_on(me, running["id"]) == where
 
         critical = gpupool(hub, "admin", "simulate-xid", f"{NODE}/{where}", "79")
@@ -220,3 +221,9 @@ def test_a_simulated_xid_takes_the_gpu_out_as_a_real_failure_would(hub: RunningH
         until(lambda: running_on(me, running["id"]) == 1 - where, "the job to run again on the other GPU")
         assert gpupool(hub, "admin", "repair", f"{NODE}/{where}").returncode == 0
         assert me.delete(f"/jobs/{running['id']}").status_code == 200
+
+
+def xids_reported(me: httpx.Client, uuid: str) -> set[int]:
+    """The XIDs the recent samples of a device the caller holds reported."""
+    devices = me.get("/telemetry").json()["devices"]
+    return {x for d in devices if d["uuid"] == uuid for s in d["samples"] for x in s.get("xid_errors") or ()}

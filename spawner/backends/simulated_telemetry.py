@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,10 @@ class SimulatedSampler:
         self._trees: dict[str, _Tree] = {}
         self._memory: dict[str, float] = {}
         self._temperature: dict[str, float] = {}
-        self._xids: dict[str, list[int]] = {}  # simulated XIDs, by GPU UUID, that the next sample reports
+        # simulated XIDs, by GPU UUID, that the next sample reports: the API adds on the event loop while a worker
+        # thread samples
+        self._xids: dict[str, list[int]] = {}
+        self._xids_lock = threading.Lock()
 
     def simulate_xid(self, node: str, gpu_index: int, code: int) -> None:
         """Report XID ``code`` on a GPU in the next sample, as NVML's event set would: how a demo tries the
@@ -99,7 +103,8 @@ class SimulatedSampler:
         gpu = next((g for g in gpus if g.index == gpu_index), None)
         if gpu is None:
             raise KeyError(f"node {node} has no GPU {gpu_index}")
-        self._xids.setdefault(gpu.uuid, []).append(code)
+        with self._xids_lock:
+            self._xids.setdefault(gpu.uuid, []).append(code)
 
     @property
     def device_count(self) -> int:
@@ -185,8 +190,12 @@ class SimulatedSampler:
             sm_clock_mhz=float(clock),
             ecc_corrected=0,
             ecc_uncorrected=0,
-            xid_errors=tuple(self._xids.pop(gpu.uuid, ())),
+            xid_errors=self._reported_xids(gpu.uuid),
         )
+
+    def _reported_xids(self, uuid: str) -> tuple[int, ...]:
+        with self._xids_lock:
+            return tuple(self._xids.pop(uuid, ()))
 
     # ---- the model --------------------------------------------------------------------------------------
 

@@ -51,7 +51,8 @@ RETIRE_TIMEOUT_S = 120.0
 RETIRE_RETRY_S = 10.0
 RETIRE_RETRY_FOR_S = 24 * 3600.0
 _SERVICE_DOWN = (0, 502, 503, 504)  # unreachable, or the proxy's answer while the service is down
-_RETIRING_LATER: dict[str, asyncio.Task[None]] = {}  # the deleted users asked again, by name: one task each
+# deleted users the service is asked about again, by name: when the latest of them was deleted, and the task
+_RETIRING_LATER: dict[str, tuple[float, asyncio.Task[None]]] = {}
 
 
 class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its classes are Any
@@ -404,7 +405,6 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
         JupyterHub deletes the user whatever this does, so a service that does not answer is asked again
         every ``RETIRE_RETRY_S`` until it does: their jobs would otherwise run on, and be the next user given
         the name's."""
-        deleted_at = time.time()
         if not self.name:
             await self._retire_in_service(hold=True)
         try:
@@ -415,7 +415,7 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
                 await self.retire_account()
         finally:
             if not self.name and not await self._retire_in_service(hold=False):
-                self._retire_when_the_service_answers(deleted_at)
+                self._retire_when_the_service_answers(time.time())
 
     async def retire_account(self) -> None:
         """What else of a deleted user goes once the service has ended their jobs. Nothing here; a spawner
@@ -433,22 +433,24 @@ class GpuLeasing(Spawner):  # type: ignore[misc]  # jupyterhub is untyped: its c
 
     def _retire_when_the_service_answers(self, deleted_at: float) -> None:
         """Ask again in the background; only for what was made before ``deleted_at``, since the name may be
-        given to a newcomer meanwhile, whose servers and jobs are theirs."""
+        given to a newcomer meanwhile, whose servers and jobs are theirs. The name deleted again meanwhile
+        moves that time on, for one task."""
         name = self.user.name
         if name in _RETIRING_LATER:
+            _RETIRING_LATER[name] = (max(deleted_at, _RETIRING_LATER[name][0]), _RETIRING_LATER[name][1])
             return
         self.log.warning("gpupool: deleting %s: asking the service again every %g s", name, RETIRE_RETRY_S)
-        task = asyncio.get_running_loop().create_task(self._retire_later(name, deleted_at))
-        _RETIRING_LATER[name] = task
+        task = asyncio.get_running_loop().create_task(self._retire_later(name))
+        _RETIRING_LATER[name] = (deleted_at, task)
         task.add_done_callback(lambda _: _RETIRING_LATER.pop(name, None))
 
-    async def _retire_later(self, name: str, deleted_at: float) -> None:
+    async def _retire_later(self, name: str) -> None:
         service = self._retirement_client()
         give_up = time.monotonic() + RETIRE_RETRY_FOR_S
         while time.monotonic() < give_up:
             await asyncio.sleep(RETIRE_RETRY_S)
             try:
-                retired = await service.retire_user(name, before=deleted_at)
+                retired = await service.retire_user(name, before=_RETIRING_LATER[name][0])
             except GpupoolError as error:
                 if _worth_asking_again(error):
                     continue

@@ -173,7 +173,8 @@ async def post_simulated_xid(
         return _unknown(DeviceRequest(node=body.node, gpu_index=body.gpu_index), error)
     meaning = CRITICAL_XIDS.get(body.xid)
     effect = (
-        f"critical ({meaning}): the GPU is marked unhealthy and its jobs requeued, until repaired"
+        f"critical ({meaning}): the GPU is marked unhealthy, its jobs requeued (failed where no retries are "
+        "left), until it is repaired or the service restarts"
         if meaning
         else "not critical: the GPU stays in the pool"
     )

@@ -75,16 +75,17 @@ async def retire_user(
             status.HTTP_403_FORBIDDEN,
             f"user: {caller.name} may not retire a user; it needs custom:gpupool:leases or custom:gpupool:admin",
         )
-    if (
-        before is None
-    ):  # the user is being deleted now: nothing new for them from here (they may be submitting)
+    # Being deleted now: nothing new for them from here (they may be submitting). Asked again later, for a user
+    # deleted before (``before``), the name's holds are a newcomer's, and left alone.
+    holding = before is None
+    if holding:
         parts.retiring[user] = math.inf
     try:
         cancelled, released, running = await _end_everything_of(parts, user, before)
     finally:
-        if hold:
+        if holding and hold:
             parts.retiring[user] = parts.clock() + HOLD_S
-        else:
+        elif holding:
             parts.retiring.pop(user, None)
     parts.telemetry.close_minutes_of(user)  # what they held in the minute now is filed with the rest
     filed_as = retired_name(user, parts.clock())
