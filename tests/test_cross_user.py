@@ -32,6 +32,7 @@ BODIES = {
     ("POST", "/admin/undrain"): DEVICE,
     ("POST", "/admin/faults"): DEVICE,
     ("POST", "/admin/repair"): DEVICE,
+    ("POST", "/admin/simulated-xid"): DEVICE | {"xid": 79},
     ("POST", "/warnings"): {"user": "alice", "cull_at": 1e12, "reason": "spite"},
     ("POST", "/culls"): {"user": "alice", "limit": "idle_timeout", "reason": "spite"},
     ("POST", "/jobs/{job_id}/requeue"): {},
