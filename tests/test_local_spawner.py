@@ -497,9 +497,12 @@ def test_a_user_deleted_while_the_service_is_down_has_their_jobs_ended_once_it_a
             hub.start_service()
         with hub.as_user(user) as newcomer:
             theirs = newcomer.post("/jobs", json={"command": ["sleep", "600"], "profile": "cpu"}).json()
-        ended = "the old job to end"
-        _wait_for(lambda: _job(hub, admin, job["id"])["state"] == "cancelled", ended, hub.log, 90)
-        assert _job(hub, admin, job["id"])["user"].startswith(f"{user}/deleted ")
+        # the job ends first, then its records are filed away under the deleted name
+        filed = "the old job to end and be filed away"
+        _wait_for(
+            lambda: _job(hub, admin, job["id"])["user"].startswith(f"{user}/deleted "), filed, hub.log, 90
+        )
+        assert _job(hub, admin, job["id"])["state"] == "cancelled"
         listed = admin.get(f"{hub.service_api}/jobs", params={"user": user}).json()
         assert [(j["id"], j["state"]) for j in listed] == [(theirs["id"], "running")], listed
         assert admin.delete(f"{hub.service_api}/jobs/{theirs['id']}").status_code == 200
