@@ -1,7 +1,7 @@
 """``gpupool pool``: the pool as it is now when a gpupool service runs, else as this host or a pool file has it.
 
-The live pool (who holds what, drains, faults, what is free this minute) comes from the running service's
-``GET pool``: the one given with ``--url``/``--token`` (or ``GPUPOOL_SERVICE_URL``/``JUPYTERHUB_API_TOKEN``), or
+The live pool (who holds what, drains, faults, what is free this minute, who waits) comes from the running
+service's ``GET pool`` and ``GET leases``: the one given with ``--url``/``--token`` (or ``GPUPOOL_SERVICE_URL``/``JUPYTERHUB_API_TOKEN``), or
 the one a ``gpupool up`` keeps in its state folder here (``--state-dir``, default ``.gpupool``). Without one,
 or with ``--pool FILE``, the devices are read as the service would read them at start, and the output says it
 is not the live pool.
@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from .names import UP_STATE
@@ -42,13 +43,15 @@ def show_pool(args: argparse.Namespace) -> int:
     from .inventory import render_pool
     from .pool.expected_start import time_of_day
 
-    description, holders, not_live = None, {}, ""
+    description, holders, waiting, not_live = None, {}, None, ""
     if args.pool is None:
         try:
             connection = Connection(args.url, args.token, state_dir=args.state_dir)
             description = connection.call("GET", "pool")
             if not args.json:  # the JSON keeps lease ids; the text says whose they are
-                holders = _whose(connection.call("GET", "leases", params={"active_only": "true"}))
+                leases = connection.call("GET", "leases", params={"active_only": "true"})
+                holders = _whose(leases)
+                waiting = _waiting(leases, holders, time.time())
             heading = f"Live, from the gpupool service at {connection.base_url}"
             if lost := description.get("unreachable_since"):
                 heading = (
@@ -72,7 +75,7 @@ def show_pool(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(description, indent=2))
     else:
-        print("\n".join(filter(None, [heading, render_pool(description, holders)])))
+        print("\n".join(filter(None, [heading, render_pool(description, holders), waiting])))
     return 0
 
 
@@ -95,3 +98,21 @@ def _whose(leases: list[dict[str, Any]]) -> dict[str, str]:
         + f" ({lease['id']})"
         for lease in leases
     }
+
+
+def _waiting(leases: list[dict[str, Any]], whose: dict[str, str], now: float) -> str:
+    """The queue, next first, as far as the caller may see it (an admin's token: everyone's): the devices above
+    say who holds them, this who waits for them and until when."""
+    from .pool.expected_start import in_words, time_of_day
+
+    queued = sorted((q for q in leases if q["position"] is not None), key=lambda q: q["position"])
+    if not queued:
+        return "\nWaiting: none that this token may see."
+    lines = ["", f"Waiting: {len(queued)} that this token may see, next first"]
+    for lease in queued:
+        start = lease.get("expected_start")
+        lines.append(
+            f"  #{lease['position'] + 1}  {whose[lease['id']]}  {lease['profile']}  since "
+            f"{time_of_day(lease['created_at'])}; {in_words(start, now, time_of_day)}"
+        )
+    return "\n".join(lines)

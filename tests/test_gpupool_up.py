@@ -335,6 +335,25 @@ def test_gpupool_pool_where_gpupool_up_runs_shows_the_live_pool(start: tuple[Pat
                 f"{api}/leases", params={"active_only": True}, headers=spawner, timeout=10
             ).json()
             assert f"held by demo's server ({lease['id']})" in text.stdout, text.stdout  # who, not only an id
+            assert "Waiting: none that this token may see." in text.stdout, text.stdout
+            # three users ask for the box's four A100s in pairs: the third waits, and the admin sees who
+            asked = [
+                httpx.post(
+                    f"{api}/leases",
+                    json={"profile": "a100-pair", "owner_kind": "server", "owner_name": "", "user": user}
+                    | {"groups": ["gpu-users"]},
+                    headers=spawner,
+                    timeout=10,
+                ).json()
+                for user in ("ann", "ben", "cy")
+            ]
+            assert [a["state"] for a in asked] == ["granted", "granted", "queued"], asked
+            text = pool("--state-dir", "state")
+            waits = f"#1  cy's server ({asked[2]['id']})  a100-pair  since "
+            assert "Waiting: 1 that this token may see, next first" in text.stdout, text.stdout
+            assert waits in text.stdout and "; expected to start by " in text.stdout, text.stdout
+            for made in asked:
+                httpx.delete(f"{api}/leases/{made['id']}", headers=spawner, timeout=10).raise_for_status()
             elsewhere = pool("--state-dir", "nowhere")  # no gpupool up there: the devices, and it says so
             looked = f"no running gpupool service found from {tmp / 'nowhere'}/"
             assert f"not the live pool ({looked})" in elsewhere.stderr
