@@ -44,10 +44,10 @@ typecheck: $(STAMP)
 
 # A failed control-plane build does not stop the other tests: the Kubernetes tests then fail, saying why.
 # Two workers (pytest-xdist): most tests wait on processes they started; a module, and every test on the
-# control plane, stays on one worker (tests/conftest.py).
+# control plane, stays on one worker, and the groups go out longest first (tests/conftest.py), not largest first.
 pytest: $(STAMP)
 	$(BIN)/python -m gpupool.spawner.kube.local.build || echo "gpupool: the Kubernetes tests will fail (above: why)"
-	$(BIN)/pytest -q -n 2 --dist loadgroup
+	$(BIN)/pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
 
 # Everything but the tests that start processes, a browser or a cluster (pytest markers e2e, browser, kube).
 test-fast: lint typecheck

@@ -3,8 +3,8 @@
 Finding 1 of the researcher's-day review: under ``make run`` the queue gave up after 60 s, said nothing of
 when a GPU might come, and nothing ever made room. Here ``gpupool up`` runs on a pool of one H100, held by the
 same researcher's checkpointing training job (20 minutes at most). They ask for an H100 server in the spawn
-form: the progress page says they are next and when they can expect to start; after 90 s, longer than the
-60 s the queue used to give up after (``GPUPOOL_PREEMPT_AFTER_SECONDS=90``), the pool preempts the job, the
+form: the progress page says they are next and when they can expect to start; after 70 s, longer than the
+60 s the queue used to give up after (``GPUPOOL_PREEMPT_AFTER_SECONDS=70``), the pool preempts the job, the
 server starts in JupyterLab, and once the server stops the job resumes from its checkpoint and finishes. The waiting page is saved as
 ``queue-waiting.png`` under ``test-artifacts/``.
 """
@@ -32,9 +32,9 @@ ONE_H100 = """nodes:
     memory: 512GiB
     gpus: {product: H100-80GB, count: 1}
 """
-PREEMPT_AFTER = 90
+PREEMPT_AFTER = 70
 EVERY = 50  # steps between checkpoints
-STEPS = 1600  # 160 s at 0.1 s a step: still running when the preemption comes, 90 s into the wait
+STEPS = 1200  # 120 s at 0.1 s a step: still running when the preemption comes, 70 s into the wait
 TRAIN = ["--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--step-seconds", "0.1"]
 
 
