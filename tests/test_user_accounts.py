@@ -187,11 +187,36 @@ def test_a_refused_job_makes_no_account(tmp_path: Path) -> None:
     store.close()
 
 
+@as_root
+def test_reading_a_deleted_users_job_makes_no_account_again(tmp_path: Path) -> None:
+    """A review: reading the log or the end of a job whose user was deleted made their account again, for a
+    name the hub had just given up."""
+    store = LeaseStore(sqlite_url(str(tmp_path / "gpupool.sqlite")))
+    leases = LeaseManager([node("box", [gpu("box", 0)])], store)
+    homes = str(tmp_path / "homes")
+    runner = LocalRunner(homes, account_per_user=True)
+    cpu = Profile("cpu", "CPU only", 1000, 1024, None, max_lifetime=600)
+    jobs = JobManager(leases, JobStore(store.engine), [cpu], job_runner=runner)
+    user = f"ua-deleted-{WORKER}"
+    job, _ = jobs.submit(user, [], Submission(profile="cpu", command=["true"]))
+    uid = pwd.getpwnam(account_name(user)).pw_uid
+    try:
+        assert retire_user_account(user, homes) is None
+        assert jobs.read_log(job) == b"" and runner.outcome(job).exit_code is None
+        assert not _exists(account_name(user)) and not Path(homes, user).exists()
+    finally:
+        retire_user_account(user, homes)
+        _remove_retired(uid)
+        store.close()
+
+
 @pytest.fixture(autouse=True)
 def _remove_test_accounts() -> Iterator[None]:
     """The accounts these tests make go when they end (a trial found earlier runs' accounts left behind)."""
     yield
     if os.geteuid() == 0:
-        for user in (f"ua-{kind}-{WORKER}" for kind in ("first", "second", "gone", "lookalike", "refused")):
+        for user in (
+            f"ua-{kind}-{WORKER}" for kind in ("first", "second", "gone", "lookalike", "refused", "deleted")
+        ):
             if _exists(account_name(user)):
                 subprocess.run(["userdel", account_name(user)], capture_output=True)

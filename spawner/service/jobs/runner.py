@@ -258,9 +258,13 @@ class LocalRunner:
         return ""
 
     def _uid(self, user: str) -> int | None:
-        with contextlib.suppress(AccountError):
-            return self.identity(user).uid
-        return None
+        """The uid that owns the files of ``user``'s jobs, looked up without making an account or a home (a
+        deleted user's log read, or their last run's end recorded, must not bring the account back); None when
+        there is none, or it is root's (jobs never run as root, so nothing of theirs is root's)."""
+        if "/" in user:  # a deleted user's filed-away records
+            return None
+        uid = processes.job_uid(user, account=self.account, account_per_user=self.account_per_user)
+        return None if uid == 0 else uid
 
 
 def _exit_words(code: int) -> str:
