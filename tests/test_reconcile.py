@@ -13,10 +13,12 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from hub_harness import SERVICE
+from job_user import job_user
 from test_local_spawner import (
     ADMIN_TOKEN,
     HUB_CLIENT_TOKEN,
@@ -222,3 +224,37 @@ def test_an_empty_store_under_running_servers_asks_whether_it_was_changed_withou
     store.close()
     hint = "was GPUPOOL_DB_URL changed without `gpupool store copy`?"
     assert caplog.text.count(hint) == 1, caplog.text  # said once, not at every pass
+
+
+def test_a_user_the_hub_deleted_without_asking_the_service_has_their_jobs_ended(hub: Hub) -> None:
+    """Left over from the last review: the hub asks the service to retire a deleted user, and asks again while
+    it does not answer, but a hub restarted meanwhile forgets to (and ``delete_invalid_users`` never asks): the
+    user's jobs ran on, for whoever was given the name next. Reconciliation now retires a user who holds leases
+    and whom the hub has not had for two passes. The module's last test: it kills the service and the hub."""
+    user = job_user()  # the service runs jobs as root, so only as a user's own account
+    hub.create_user(user)
+    hub.token_for(user)
+    with hub.admin() as admin, hub.as_user(user) as them:
+        made = them.post("/jobs", json={"command": ["sleep", "600"], "profile": "cpu"})
+        assert made.status_code == 201, made.text
+        job_id = made.json()["id"]
+        _wait_for(lambda: _job(hub, admin, job_id)["state"] == "running", "their job to run", hub.log)
+        hub.kill_service()
+        assert admin.delete(f"{hub.hub_api}/users/{user}", timeout=60).status_code == 204
+        assert f"deleting {user}: asking the service again every 10 s" in hub.log.read_text()
+        hub.crash()  # before it asks again: the hub that comes back knows nothing of the deletion
+        hub.restart()
+        _wait_for(
+            lambda: _job(hub, admin, job_id)["user"].startswith(f"{user}/deleted "),
+            "the job of the user the hub no longer has to end and be filed away",
+            hub.log,
+            timeout=60,
+        )
+        ended = _job(hub, admin, job_id)
+        assert ended["state"] == "cancelled", ended
+        assert ended["reason"] == "cancelled by the service: the hub no longer has the user", ended
+
+
+def _job(hub: Hub, admin: httpx.Client, job_id: str) -> dict[str, Any]:
+    found: dict[str, Any] = admin.get(f"{hub.service_api}/jobs/{job_id}").json()
+    return found

@@ -46,6 +46,7 @@ from .leasing.health import HealthKeeper
 from .leasing.lease_manager import LeaseManager
 from .leasing.quota_reload import QuotaReload
 from .leasing.reconcile import HubClient, reconcile_forever
+from .retirement import NOT_IN_THE_HUB, retire
 from .settings import ServiceSettings
 from .store.cull_store import CullStore
 from .store.health_store import HealthStore
@@ -128,7 +129,11 @@ class Service:
             return None
         hub = HubClient(self.settings.hub_api_url, self.settings.api_token)
         loop = reconcile_forever(
-            self.manager, hub, interval=interval, stop_unleased=self.settings.stop_unleased
+            self.manager,
+            hub,
+            interval=interval,
+            stop_unleased=self.settings.stop_unleased,
+            retire_missing=self._retire_missing,
         )
         self._start(loop, "gpupool-reconcile")
         self._hub = hub
@@ -136,6 +141,9 @@ class Service:
             named = named_groups(*self._admins_files())
             self._start(warn_of_unknown_groups(hub, named), "gpupool-group-names")
         return hub
+
+    async def _retire_missing(self, user: str, before: float) -> None:
+        await retire(self.parts, user, before=before, by=NOT_IN_THE_HUB)
 
     def _check_group_names(self, quotas: QuotaPolicy) -> None:
         """A quotas file read again may name a new group: a misspelt one is warned of as at start."""

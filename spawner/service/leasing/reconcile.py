@@ -12,7 +12,11 @@ the store was replaced. Each pass compares the two pictures:
   no active lease is *unleased*: it is reported and logged as a warning. Stopping it is a decision for an
   operator: only with ``stop_unleased=True`` (``GPUPOOL_STOP_UNLEASED=1``), and only once it has been
   unleased for two consecutive passes, is it stopped with ``DELETE /hub/api/users/{user}/servers/{name}``;
-- leases held for jobs (``owner_kind`` "job") are not the hub's and are left alone.
+- leases held for jobs (``owner_kind`` "job") are not the hub's and are left alone, but a user who holds any
+  lease and whom the hub no longer has (``GET users/{name}`` answers 404), in this pass and the one before, is
+  handed to ``retire_missing`` (the service's :func:`~..retirement.retire`): their jobs go on otherwise, for
+  whoever is given the name next, where the hub never asked the service to retire them (a deletion whose
+  asking ended with a hub restart; ``delete_invalid_users``, which deletes without the spawners).
 
 A pass that cannot read the hub changes nothing (:class:`HubError`): an unanswered hub never looks like a hub
 with no servers.
@@ -31,7 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -89,6 +94,13 @@ class HubClient:
     async def active_servers(self) -> list[HubServer]:
         """Every ready or pending server of every user (``GET users?state=active``)."""
         return [server for user in await self._every("/users", state="active") for server in _servers(user)]
+
+    async def user_exists(self, name: str) -> bool:
+        """Whether the hub has user ``name`` (``GET users/{name}``: ``read:servers`` is one scope it takes)."""
+        response = await self._request("GET", f"/users/{quote(name, safe='')}")
+        if response.status_code in (200, 404):
+            return response.status_code == 200
+        raise HubError(f"the hub answered {response.status_code} to GET users/{name}", response.status_code)
 
     async def group_names(self) -> set[str]:
         """Every JupyterHub group's name (``GET groups``; the scope ``list:groups``)."""
@@ -165,10 +177,16 @@ class ReconcileReport:
     unleased: tuple[HubServer, ...] = ()  # ready servers with a gpupool profile and no active lease
     stopped: tuple[HubServer, ...] = ()  # unleased servers stopped now (only with stop_unleased)
     servers: tuple[HubServer, ...] = field(default=(), repr=False)  # what the hub listed
+    missing: frozenset[str] = frozenset()  # users holding leases whom the hub does not have, in this pass
+    retired: tuple[str, ...] = ()  # of those, the ones missing in the pass before too: retired now
 
     @property
     def unleased_keys(self) -> frozenset[tuple[str, str]]:
         return frozenset(server.key for server in self.unleased)
+
+
+RetireMissing = Callable[[str, float], Awaitable[object]]
+"""Retire a user the hub no longer has, with what they had before the given time (epoch s)."""
 
 
 async def reconcile_once(
@@ -177,6 +195,7 @@ async def reconcile_once(
     *,
     previous: ReconcileReport | None = None,
     stop_unleased: bool = False,
+    retire_missing: RetireMissing | None = None,
 ) -> ReconcileReport:
     """One pass (see the module's description); raises :class:`HubError`, having changed nothing, when the
     hub cannot be read. ``previous`` is the last pass's report: only what it already found is acted on."""
@@ -186,6 +205,9 @@ async def reconcile_once(
     before = await asyncio.to_thread(manager.all_leases, active_only=True)
     servers = await hub.active_servers()
     after = await asyncio.to_thread(manager.all_leases, active_only=True)
+    missing, asked_at = frozenset[str](), time.time()
+    if retire_missing is not None:
+        missing = await _missing_users(hub, {lease.user for lease in before} - {s.user for s in servers})
 
     present = {server.key for server in servers if server.ready or server.pending}
     suspects, released = await _release_gone(manager, before, present, previous)
@@ -203,7 +225,34 @@ async def reconcile_once(
             len(unleased),
         )
     stopped = await _report_unleased(hub, unleased, previous, stop_unleased)
-    return ReconcileReport(tuple(released), frozenset(suspects), unleased, tuple(stopped), tuple(servers))
+    retired = sorted(missing & previous.missing)  # empty without retire_missing
+    for user in retired:
+        log.warning("retiring %s: they hold leases, and the hub has not had them for two passes", user)
+        if retire_missing is not None:
+            # only what they had before this pass asked: a newcomer given the name since is the hub's again
+            await retire_missing(user, asked_at)
+    return ReconcileReport(
+        tuple(released),
+        frozenset(suspects),
+        unleased,
+        tuple(stopped),
+        tuple(servers),
+        missing,
+        tuple(retired),
+    )
+
+
+async def _missing_users(hub: HubClient, holders: set[str]) -> frozenset[str]:
+    """The users among ``holders`` whom the hub does not have; one it cannot be asked about counts as had (a
+    token without the scope must not retire anyone, nor stop the pass's other work)."""
+    missing = set()
+    for user in sorted(holders):
+        try:
+            if not await hub.user_exists(user):
+                missing.add(user)
+        except HubError as error:
+            log.warning("could not ask the hub whether it still has %s: %s", user, error)
+    return frozenset(missing)
 
 
 async def _release_gone(
@@ -259,6 +308,7 @@ async def reconcile_forever(
     *,
     interval: float = 60.0,
     stop_unleased: bool = False,
+    retire_missing: RetireMissing | None = None,
     retry: float = 5.0,
 ) -> None:
     """A pass now (start-up) and then every ``interval`` seconds, until cancelled; a failed pass is logged
@@ -267,7 +317,9 @@ async def reconcile_forever(
     while True:
         wait = interval
         try:
-            previous = await reconcile_once(manager, hub, previous=previous, stop_unleased=stop_unleased)
+            previous = await reconcile_once(
+                manager, hub, previous=previous, stop_unleased=stop_unleased, retire_missing=retire_missing
+            )
         except HubError as error:
             log.warning("reconciliation skipped: %s", error)
             wait = min(retry, interval)
