@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpupool.spawner.telemetry import Holder, MinuteAggregator, Sample, SampleHistory, Snapshot
+from gpupool.spawner.telemetry.activity import ActivityTracker, GpuState
 
 
 def sample(t: float, util: float | None = 50.0, uuid: str = "GPU-a", memory: float | None = 1024.0) -> Sample:
@@ -52,7 +53,7 @@ def test_history_counts_xid_errors_over_time_and_forgets_devices_that_left() -> 
 
 def test_a_minute_of_held_samples_splits_into_used_idle_and_unknown_seconds() -> None:
     alice = Holder("alice", "h100", "lease-1")
-    aggregator = MinuteAggregator(used_threshold=5)
+    aggregator = MinuteAggregator(idle_threshold=5)
     closed = []
     # 0..58 s: 10 s busy, 20 s idle, 10 s not measurable, then nothing held for the rest.
     t = 0.0
@@ -108,8 +109,23 @@ def test_a_sample_from_before_the_previous_one_is_not_counted_twice() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "field"), [({"used_threshold": 120}, "used_threshold"), ({"max_gap": 0}, "max_gap")]
+    ("kwargs", "field"), [({"idle_threshold": 100}, "idle_threshold"), ({"max_gap": 0}, "max_gap")]
 )
 def test_bad_aggregator_settings_name_the_setting(kwargs: dict[str, float], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         MinuteAggregator(**kwargs)
+
+
+@pytest.mark.parametrize(("util", "used"), [(6.0, 0.0), (10.0, 0.0), (11.0, 58.0)])
+def test_a_gpu_the_idle_list_calls_idle_is_not_counted_used(util: float, used: float) -> None:
+    """An admin trial: a job at 6% showed on the admin page as held but idle, and in its usage as 96% used. Both
+    now read the one threshold (10% by default): at or below it idle, above it busy and used."""
+    alice = Holder("alice", "h100", "lease-1")
+    aggregator, tracker = MinuteAggregator(), ActivityTracker()
+    for t in range(0, 60, 2):
+        aggregator.add(sample(float(t), util), [alice])
+        tracker.observe(sample(float(t), util))
+    (minute,) = aggregator.add(sample(61.0, util), [alice])
+    assert (minute.seconds_held, minute.seconds_used) == (58.0, used)
+    state = tracker.activity(["GPU-a"], since=0.0, now=58.0, stale_after=10.0).state
+    assert state is (GpuState.BUSY if used else GpuState.IDLE)

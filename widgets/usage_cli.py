@@ -2,8 +2,9 @@
 
 A user's token reads their own rows; an admin's every user's, which is how an admin answers "who held GPUs
 without using them last week". Times are the API's: Unix seconds or ISO 8601 dates and times, UTC unless they
-say otherwise. "Used" is time held at 5% utilisation or more; "unknown" is time whose utilisation could not be
-read, left out of the idle share.
+say otherwise. "Used" is time held above the idle threshold (the service's ``gpu_idle_threshold``, 10% unless
+set), the one below which the admin page lists a GPU as held but idle; "unknown" is time whose utilisation
+could not be read, left out of the idle share.
 """
 
 from __future__ import annotations

@@ -264,6 +264,7 @@ def service_parts(
         manager,
         make_sampler(pool.backend, pool.nodes),
         interval=settings.sample_seconds,
+        idle_threshold=settings.gpu_idle_threshold,
         on_minutes=usage.add,
     )
     health = HealthKeeper(jobs, HealthStore(manager.store.engine))

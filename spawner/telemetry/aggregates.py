@@ -2,8 +2,9 @@
 
 Each sample accounts for the time since the previous sample of the same device (at most ``max_gap``
 seconds, so a sampler that stalled does not invent an hour of data), in the minute the sample falls in.
-A device held by a lease adds that time to ``seconds_held``; when its utilisation is at least
-``used_threshold`` percent, to ``seconds_used`` too; when utilisation is not available, to
+A device held by a lease adds that time to ``seconds_held``; when its utilisation is above
+``idle_threshold`` percent (the one that makes a held GPU idle for culling), to ``seconds_used`` too, so a
+GPU the admin page lists as held but idle is never counted used; when utilisation is not available, to
 ``seconds_unknown`` instead, so "held but idle" is never claimed for a device nobody can measure. Summed
 over devices, users and profiles these give GPU-hours held against GPU-hours used.
 """
@@ -14,10 +15,10 @@ import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from .activity import DEFAULT_THRESHOLD_PERCENT
 from .samples import Sample
 
 MINUTE = 60.0
-DEFAULT_USED_THRESHOLD = 5.0  # percent: below this a GPU is idle for the purpose of "used"
 
 
 @dataclass(frozen=True)
@@ -88,12 +89,12 @@ class _Bucket:
 class MinuteAggregator:
     """Folds samples into per-minute aggregates; :meth:`add` returns the minutes it closed."""
 
-    def __init__(self, *, used_threshold: float = DEFAULT_USED_THRESHOLD, max_gap: float = 10.0) -> None:
-        if not 0 <= used_threshold <= 100:
-            raise ValueError(f"used_threshold: a percentage from 0 to 100, got {used_threshold}")
+    def __init__(self, *, idle_threshold: float = DEFAULT_THRESHOLD_PERCENT, max_gap: float = 10.0) -> None:
+        if not 0 <= idle_threshold < 100:
+            raise ValueError(f"idle_threshold: a percentage from 0 to under 100, got {idle_threshold}")
         if not max_gap > 0:
             raise ValueError(f"max_gap: must be more than 0 seconds, got {max_gap}")
-        self.used_threshold = used_threshold
+        self.idle_threshold = idle_threshold
         self.max_gap = max_gap
         self._open: dict[str, dict[Holder | None, _Bucket]] = {}
         self._last_time: dict[str, float] = {}
@@ -126,7 +127,7 @@ class MinuteAggregator:
                 bucket.held += elapsed
                 if sample.gpu_utilization is None:
                     bucket.unknown += elapsed
-                elif sample.gpu_utilization >= self.used_threshold:
+                elif sample.gpu_utilization > self.idle_threshold:
                     bucket.used += elapsed
         return closed
 

@@ -326,7 +326,7 @@ def _usage_families(usage: UsageStore, now: float) -> list[Metric]:
     )
     used = CounterMetricFamily(
         "gpupool_gpu_hours_used",
-        "GPU-hours held at 5% utilisation or more (in GPU-equivalents)",
+        "GPU-hours held above the idle threshold, gpu_idle_threshold (in GPU-equivalents)",
         labels=["user", "profile"],
     )
     unknown = CounterMetricFamily(

@@ -21,6 +21,7 @@ from ...backends.simulated_telemetry import PidsOf, SimulatedSampler
 from ...pool import gpu_equivalents
 from ...pool.devices import Node
 from ...pool.leases import LeaseState
+from ...telemetry.activity import DEFAULT_THRESHOLD_PERCENT
 from ...telemetry.aggregates import Holder, MinuteAggregate, MinuteAggregator
 from ...telemetry.history import DEFAULT_INTERVAL_SECONDS, DEFAULT_WINDOW_SECONDS, SampleHistory
 from ...telemetry.samples import Snapshot
@@ -74,6 +75,7 @@ class Telemetry:
         *,
         interval: float = DEFAULT_INTERVAL_SECONDS,
         window: float = DEFAULT_WINDOW_SECONDS,
+        idle_threshold: float = DEFAULT_THRESHOLD_PERCENT,
         on_minutes: Callable[[list[MinuteAggregate]], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -81,7 +83,9 @@ class Telemetry:
         self.sampler = sampler
         self.interval = interval
         self.history = SampleHistory(window, interval or DEFAULT_INTERVAL_SECONDS)
-        self.aggregator = MinuteAggregator(max_gap=max(10.0, 3 * interval))
+        # "used" is what the activity tracker calls busy: above the idle threshold (an admin trial saw a GPU at
+        # 6% listed as held but idle on the admin page, and counted used in its usage)
+        self.aggregator = MinuteAggregator(idle_threshold=idle_threshold, max_gap=max(10.0, 3 * interval))
         self.minutes: deque[MinuteAggregate] = deque(maxlen=MINUTES_KEPT)
         self.on_minutes = on_minutes
         self.clock = clock
