@@ -36,6 +36,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
         "GPUPOOL_POOL": str(DEMO_POOL),
         "GPUPOOL_DB_URL": f"sqlite:///{tmp}/gpupool.sqlite",
         "GPUPOOL_QUOTAS": str(quotas),
+        "GPUPOOL_RECONCILE_SECONDS": "0",  # the leases made here have no servers: reconciliation would end them
     }
     write_hub_config(
         tmp,
@@ -44,13 +45,22 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
         pool_file=DEMO_POOL,
         hub_client_token=HUB_CLIENT_TOKEN,
         service_env=service_env,
+        extra_config=[POOL_ADMIN_AND_SERVICE_ROLES],
     )
     with RunningHub(tmp, ports, ADMIN_TOKEN, service_env=service_env, fail=pytest.fail) as hub:
         hub.tokens["hub-client"] = HUB_CLIENT_TOKEN
         for name in ("alice", "bob", "carol", "dora"):
             hub.create_user(name)
             hub.token_for(name)
+        hub.token_for("erin")  # made by her role
         yield hub
+
+
+# erin is a person with gpupool's admin scope; the service may ask the hub whether a user exists (read:servers)
+POOL_ADMIN_AND_SERVICE_ROLES = """
+c.JupyterHub.load_roles.append({"name": "pool-admins", "scopes": ["custom:gpupool:admin"], "users": ["erin"]})
+c.JupyterHub.load_roles.append({"name": "gpupool-service", "scopes": ["read:servers"], "services": ["gpupool"]})
+"""
 
 
 def _mig_instance(pool: dict[str, Any], uuid: str) -> dict[str, Any]:
@@ -328,6 +338,19 @@ def test_usage_is_each_users_own_and_admins_see_everyone(hub: Hub) -> None:
         assert typo.status_code == 400 and typo.json()["fields"] == ["since"], typo.text
     with hub.as_user("hub-client") as spawners:  # gpupool up's state-folder token, as for leases
         assert spawners.get("/usage", params={"user": "alice"}).status_code == 200
+
+
+def test_an_admin_asking_about_a_user_the_hub_does_not_have_is_told_so(hub: Hub) -> None:
+    """An admin trial: `gpupool usage --user` with a misspelt name answered "no GPU-hours held in this span", as
+    for a user who used nothing; so did jobs, leases, culls and warnings."""
+    with hub.as_user("erin") as erin:
+        for path in ("/usage", "/jobs", "/leases", "/culls", "/warnings"):
+            typo = erin.get(path, params={"user": "dorra"})
+            assert typo.status_code == 404 and typo.json()["fields"] == ["user"], (path, typo.text)
+            assert typo.json()["detail"] == "user: the hub has no user 'dorra'", typo.text
+            assert erin.get(path, params={"user": "dora"}).json() == [], path  # she has used nothing yet
+    with hub.as_user("bob") as bob:  # not an admin: refused, as before, without saying whether dorra exists
+        assert bob.get("/usage", params={"user": "dorra"}).status_code == 403
 
 
 def test_the_quota_says_what_carol_may_hold_and_what_she_holds(hub: Hub) -> None:

@@ -115,19 +115,29 @@ class Service:
                     preemptible=self.settings.preemptible,
                 )
                 self._start(preemptor.run_forever(), "gpupool-preemption")
-            hub = self._reconciler()
+            hub = self._hub_client()
             if hub is not None:
                 stack.push_async_callback(hub.aclose)
+                self.parts.hub_has_user = hub.user_exists
+                self._reconciler(hub)
             yield
+            self.parts.hub_has_user = None
 
-    def _reconciler(self) -> HubClient | None:
+    def _hub_client(self) -> HubClient | None:
+        """The hub's API as the service (its token): for reconciliation, the group names' check, and whether
+        a user named in a question exists; None without a token."""
+        if not self.settings.api_token:
+            if self.settings.reconcile_seconds:
+                log.warning(
+                    "JUPYTERHUB_API_TOKEN is not set: leases are not reconciled with the hub's servers"
+                )
+            return None
+        return HubClient(self.settings.hub_api_url, self.settings.api_token)
+
+    def _reconciler(self, hub: HubClient) -> None:
         interval = self.settings.reconcile_seconds
         if interval == 0:
-            return None
-        if not self.settings.api_token:
-            log.warning("JUPYTERHUB_API_TOKEN is not set: leases are not reconciled with the hub's servers")
-            return None
-        hub = HubClient(self.settings.hub_api_url, self.settings.api_token)
+            return
         loop = reconcile_forever(
             self.manager,
             hub,
@@ -140,7 +150,6 @@ class Service:
         if not self.settings.system_groups:  # the host's groups are checked at start (unknown_names)
             named = named_groups(*self._admins_files())
             self._start(warn_of_unknown_groups(hub, named), "gpupool-group-names")
-        return hub
 
     async def _retire_missing(self, user: str, before: float) -> None:
         await retire(self.parts, user, before=before, by=NOT_IN_THE_HUB)

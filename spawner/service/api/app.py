@@ -264,7 +264,7 @@ def _problem_handlers(app: FastAPI) -> None:
             exc.headers = {**(exc.headers or {}), "Allow": _allowed_methods(app, request)}
         detail = _READABLE.get(str(exc.detail), str(exc.detail))
         # a refusal about one field starts with its name: "user: ...", "owner_kind: ..."
-        field = detail.split(":", 1)[0] if exc.status_code in (400, 403) else ""
+        field = detail.split(":", 1)[0] if exc.status_code in (400, 403, 404) else ""
         response = problem(
             exc.status_code,
             _ERROR_NAMES.get(exc.status_code, "error"),

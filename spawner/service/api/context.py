@@ -6,8 +6,9 @@ service does.
 """
 
 # No ``from __future__ import annotations``: FastAPI must evaluate the aliases in route signatures.
+import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Annotated, Any
@@ -38,6 +39,8 @@ from .auth import Authenticator, Caller
 if TYPE_CHECKING:
     from .browser_login import BrowserLogin
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class ServiceParts:
@@ -66,6 +69,25 @@ class ServiceParts:
     # users the hub is deleting, and until when nothing new starts for them (DELETE users/{user}: while it runs,
     # and with hold=true until the spawner's next call, as it retires their account)
     retiring: dict[str, float] = field(default_factory=dict)
+    # whether the hub has a user (its API, as the service); None where the service has no token for it
+    hub_has_user: Callable[[str], Awaitable[bool]] | None = None
+
+    async def check_hub_has(self, user: str, caller: Caller) -> None:
+        """404 naming ``user`` when the hub has no such user: asked of an answer about them that came back
+        empty, which a misspelt name otherwise makes look like a user who used nothing (an admin trial). Only a
+        person asking about another is checked (the hub's services ask about users they know), and a hub that
+        cannot be asked leaves the empty answer as it is."""
+        if self.hub_has_user is None or caller.kind != "user" or user == caller.name:
+            return
+        if "/" in user:  # NAME/deleted …: a deleted user's filed-away records
+            return
+        try:
+            known = await self.hub_has_user(user)
+        except Exception as error:  # the hub down or a scope missing: not this caller's error
+            log.warning("could not ask the hub whether it has %s: %s", user, error)
+            return
+        if not known:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"user: the hub has no user {user!r}")
 
     def check_not_retiring(self, user: str) -> None:
         """409 for a user the hub is deleting: a job or lease made meanwhile would outlive them."""

@@ -116,7 +116,8 @@ def activity_of(parts: ServiceParts, lease: Lease) -> dict[str, Any]:
 def _may_see(caller: Caller, user: str, what: str) -> None:
     if not caller.may_see(user):
         raise HTTPException(
-            status.HTTP_403_FORBIDDEN, f"{what} of {user} are theirs and admins' to read, not {caller.name}'s"
+            status.HTTP_403_FORBIDDEN,
+            f"user: {what} of {user} are theirs and admins' to read, not {caller.name}'s",
         )
 
 
@@ -179,7 +180,10 @@ async def get_warnings(
         _may_see(caller, user, "warnings")
     elif not caller.sees_everyone:
         user = caller.name
-    return [asdict(w) for w in parts.culls.pending(parts.clock(), user)]
+    pending = parts.culls.pending(parts.clock(), user)
+    if not pending and user is not None:
+        await parts.check_hub_has(user, caller)
+    return [asdict(w) for w in pending]
 
 
 @router.get("/culls", summary="The culls made since a time: the caller's own, or a user's, or all (admins)")
@@ -197,7 +201,10 @@ async def get_culls(
     elif not caller.sees_everyone:
         user = caller.name
     start = unix_seconds(since) if since is not None else parts.clock() - 7 * 86400
-    return [asdict(c) for c in parts.culls.since(start, user, limit)]
+    culls = parts.culls.since(start, user, limit)
+    if not culls and user is not None:
+        await parts.check_hub_has(user, caller)
+    return [asdict(c) for c in culls]
 
 
 @router.delete(

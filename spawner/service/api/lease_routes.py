@@ -192,6 +192,8 @@ async def list_leases(
     manager = parts.manager
     if user is not None:
         leases = manager.leases_for(user, active_only=active_only)
+        if not leases:
+            await parts.check_hub_has(user, caller)
     elif caller.sees_everyone:
         leases = manager.all_leases(active_only=active_only)
     else:

@@ -46,6 +46,9 @@ async def get_usage(
     if start >= end:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, "since: must be before until")
     who = user if user is not None else (None if caller.sees_everyone else caller.name)
+    rows = parts.usage.report(start, end, who)
+    if not rows and user is not None:
+        await parts.check_hub_has(user, caller)
     return [
         UsageOut(
             user=row.user,
@@ -55,5 +58,5 @@ async def get_usage(
             gpu_hours_unknown=round(row.gpu_hours_unknown, 4),
             idle_share=None if row.idle_share is None else round(row.idle_share, 4),
         )
-        for row in parts.usage.report(start, end, who)
+        for row in rows
     ]
