@@ -244,7 +244,8 @@ def _lease_families(manager: LeaseManager, now: float, cull_counts: Mapping[str,
         refused.add_metric([reason], manager.refusals[reason])
     culls = CounterMetricFamily(
         "gpupool_culls",
-        "Servers the idle culler stopped since the service started, by the profile limit they reached",
+        "Servers the idle culler stopped, by the profile limit they reached (every cull kept: a restart does "
+        "not reset it)",
         labels=["limit"],
     )
     for limit in CULL_LIMITS:
