@@ -13,7 +13,6 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -23,6 +22,7 @@ from test_local_spawner import (
     ADMIN_TOKEN,
     HUB_CLIENT_TOKEN,
     Hub,
+    _job,
     _lease,
     _server,
     _start,
@@ -226,6 +226,43 @@ def test_an_empty_store_under_running_servers_asks_whether_it_was_changed_withou
     assert caplog.text.count(hint) == 1, caplog.text  # said once, not at every pass
 
 
+def test_a_pass_hands_on_a_user_gone_from_the_hub_the_second_time_and_nobody_when_every_holder_is_gone(
+    hub: Hub, tmp_path: Path
+) -> None:
+    """Holders of leases whom the hub does not have are retired on the second pass that finds them gone, never on
+    the first; a hub that has none of the holders (its database replaced) retires nobody (from a review)."""
+    store = LeaseStore(sqlite_url(str(tmp_path / "leases.sqlite")))
+    manager = LeaseManager(discover_pool(str(hub.tmp / "pool.yaml")).nodes, store)
+    profile = find_profile(load_profiles(EXAMPLE_PROFILES), "cpu")
+    retired: list[str] = []
+
+    async def retire(user: str, before: float) -> None:
+        assert before <= time.time()
+        retired.append(user)
+
+    async def passes(count: int) -> None:
+        client = HubClient(hub.hub_api, ADMIN_TOKEN)
+        try:
+            report = None
+            for _ in range(count):
+                report = await reconcile_once(manager, client, previous=report, retire_missing=retire)
+                retired.append("|")  # where each pass ended
+        finally:
+            await client.aclose()
+
+    for user in ("dave", "ghost-user"):  # dave is the hub's, ghost-user never was
+        manager.request_lease(user, (), "job", f"train-{user}", profile.slug, profile.request())
+    asyncio.run(passes(3))
+    assert retired == ["|", "ghost-user", "|", "ghost-user", "|"]
+    manager.request_lease("other-ghost", (), "job", "train", profile.slug, profile.request())
+    for lease in manager.leases_for("dave", active_only=True):
+        manager.release(lease.id, "the test")
+    retired.clear()
+    asyncio.run(passes(2))  # ghost-user and other-ghost: every holder gone
+    assert retired == ["|", "|"]
+    store.close()
+
+
 def test_a_user_the_hub_deleted_without_asking_the_service_has_their_jobs_ended(hub: Hub) -> None:
     """Left over from the last review: the hub asks the service to retire a deleted user, and asks again while
     it does not answer, but a hub restarted meanwhile forgets to (and ``delete_invalid_users`` never asks): the
@@ -245,7 +282,7 @@ def test_a_user_the_hub_deleted_without_asking_the_service_has_their_jobs_ended(
         hub.crash()  # before it asks again: the hub that comes back knows nothing of the deletion
         hub.restart()
         _wait_for(
-            lambda: _job(hub, admin, job_id)["user"].startswith(f"{user}/deleted "),
+            lambda: str(_job(hub, admin, job_id).get("user")).startswith(f"{user}/deleted "),
             "the job of the user the hub no longer has to end and be filed away",
             hub.log,
             timeout=60,
@@ -253,8 +290,3 @@ def test_a_user_the_hub_deleted_without_asking_the_service_has_their_jobs_ended(
         ended = _job(hub, admin, job_id)
         assert ended["state"] == "cancelled", ended
         assert ended["reason"] == "cancelled by the service: the hub no longer has the user", ended
-
-
-def _job(hub: Hub, admin: httpx.Client, job_id: str) -> dict[str, Any]:
-    found: dict[str, Any] = admin.get(f"{hub.service_api}/jobs/{job_id}").json()
-    return found

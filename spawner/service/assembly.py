@@ -77,6 +77,7 @@ class Service:
     claim: Claim | None = None  # this process's ownership of the store, kept while it serves
     _hub: HubClient | None = None  # the reconciler's client, once there is one
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _retiring: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # users reconciliation found gone
 
     @property
     def manager(self) -> LeaseManager:
@@ -152,7 +153,19 @@ class Service:
             self._start(warn_of_unknown_groups(hub, named), "gpupool-group-names")
 
     async def _retire_missing(self, user: str, before: float) -> None:
-        await retire(self.parts, user, before=before, by=NOT_IN_THE_HUB)
+        """Retire a user reconciliation found gone, in the background: waiting for their jobs to stop (the
+        grace period) would hold up the pass; one retirement of a user at a time."""
+        running = self._retiring.get(user)
+        if running is None or running.done():
+            self._retiring[user] = asyncio.create_task(
+                self._retire(user, before), name=f"gpupool-retire-{user}"
+            )
+
+    async def _retire(self, user: str, before: float) -> None:
+        try:
+            await retire(self.parts, user, before=before, by=NOT_IN_THE_HUB)
+        except Exception:  # the next pass that finds them gone tries again
+            log.exception("retiring %s, whom the hub no longer has, failed", user)
 
     def _check_group_names(self, quotas: QuotaPolicy) -> None:
         """A quotas file read again may name a new group: a misspelt one is warned of as at start."""
@@ -180,10 +193,12 @@ class Service:
         self._tasks.append(asyncio.create_task(loop, name=name))
 
     async def _stop_tasks(self) -> None:
-        for task in reversed(self._tasks):
+        tasks = [*reversed(self._tasks), *self._retiring.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
+        self._retiring.clear()
 
 
 def assemble(settings: ServiceSettings) -> Service:

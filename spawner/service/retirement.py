@@ -18,9 +18,12 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .api.context import ServiceParts
 from .store.retired_users import file_away, retired_name
+
+if TYPE_CHECKING:  # the parts are the API's; retiring only uses them
+    from .api.context import ServiceParts
 
 log = logging.getLogger(__name__)
 

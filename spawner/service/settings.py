@@ -91,8 +91,9 @@ class ServiceSettings(Application):
     # ---- loops -------------------------------------------------------------------------------------------
     reconcile_seconds = Float(
         60.0,
-        help="Seconds between passes that reconcile leases with the hub's servers (needs the hub API token "
-        "with list:users and read:servers). 0 turns it off.",
+        help="Seconds between passes that reconcile leases with the hub's servers, and retire users who hold "
+        "leases and whom the hub no longer has (needs the hub API token with list:users and read:servers). 0 "
+        "turns it off.",
     ).tag(config=True, env="GPUPOOL_RECONCILE_SECONDS")
     stop_unleased = Bool(
         False,

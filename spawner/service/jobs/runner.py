@@ -259,8 +259,9 @@ class LocalRunner:
 
     def _uid(self, user: str) -> int | None:
         """The uid that owns the files of ``user``'s jobs, looked up without making an account or a home (a
-        deleted user's log read, or their last run's end recorded, must not bring the account back); None when
-        there is none, or it is root's (jobs never run as root, so nothing of theirs is root's)."""
+        deleted user's log read, or their last run's end recorded, must not bring the account back). None when
+        there is none, or it is root's (jobs never run as root): then, as root, :meth:`read_log` reads nothing,
+        and the exit status is read from a file of any owner, the run's own folder."""
         if "/" in user:  # a deleted user's filed-away records
             return None
         uid = processes.job_uid(user, account=self.account, account_per_user=self.account_per_user)

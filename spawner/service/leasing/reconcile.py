@@ -86,6 +86,7 @@ class HubClient:
     def __init__(self, api_url: str, token: str, *, timeout: float = 10.0, page_size: int = 200) -> None:
         self.api_url = api_url.rstrip("/")
         self.page_size = page_size
+        self._sees_every_user_now: bool | None = None
         self._client = httpx.AsyncClient(timeout=timeout, headers={"Authorization": f"token {token}"})
 
     async def aclose(self) -> None:
@@ -96,11 +97,29 @@ class HubClient:
         return [server for user in await self._every("/users", state="active") for server in _servers(user)]
 
     async def user_exists(self, name: str) -> bool:
-        """Whether the hub has user ``name`` (``GET users/{name}``: ``read:servers`` is one scope it takes)."""
+        """Whether the hub has user ``name`` (``GET users/{name}``, which ``read:servers`` may ask). HubError
+        unless this token sees every user: JupyterHub answers 404 for a user outside a filtered scope
+        (``read:servers!group=…``) too, which must not read as a user gone."""
+        if not await self.sees_every_user():
+            raise HubError("the service's token may not read every user (an unfiltered read:servers)")
         response = await self._request("GET", f"/users/{quote(name, safe='')}")
         if response.status_code in (200, 404):
             return response.status_code == 200
         raise HubError(f"the hub answered {response.status_code} to GET users/{name}", response.status_code)
+
+    async def sees_every_user(self) -> bool:
+        """Whether this token holds one of the scopes ``GET users/{name}`` takes, unfiltered (``GET user``
+        lists the token's scopes; asked once: a token's roles change only with a hub restart)."""
+        if self._sees_every_user_now is None:
+            scopes = set((await self._get_json("/user")).get("scopes") or ())
+            self._sees_every_user_now = bool(scopes & {"read:users", "read:users:name", "read:servers"})
+            if not self._sees_every_user_now:
+                log.warning(
+                    "the service's token may not read every hub user (it needs read:servers, unfiltered): users "
+                    "the hub deletes without asking the service are not retired, and an admin's misspelt user "
+                    "name gets an empty answer"
+                )
+        return self._sees_every_user_now
 
     async def group_names(self) -> set[str]:
         """Every JupyterHub group's name (``GET groups``; the scope ``list:groups``)."""
@@ -205,9 +224,10 @@ async def reconcile_once(
     before = await asyncio.to_thread(manager.all_leases, active_only=True)
     servers = await hub.active_servers()
     after = await asyncio.to_thread(manager.all_leases, active_only=True)
-    missing, asked_at = frozenset[str](), time.time()
+    missing, asked_at, checked = frozenset[str](), time.time(), set[str]()
     if retire_missing is not None:
-        missing = await _missing_users(hub, {lease.user for lease in before} - {s.user for s in servers})
+        checked = {lease.user for lease in before} - {s.user for s in servers}
+        missing = await _missing_users(hub, checked)
 
     present = {server.key for server in servers if server.ready or server.pending}
     suspects, released = await _release_gone(manager, before, present, previous)
@@ -226,11 +246,21 @@ async def reconcile_once(
         )
     stopped = await _report_unleased(hub, unleased, previous, stop_unleased)
     retired = sorted(missing & previous.missing)  # empty without retire_missing
+    if len(missing) > 1 and len(missing) == len(checked):
+        # as with an empty store above: a hub whose database was replaced has none of them, and retiring
+        # cannot be undone
+        log.warning(
+            "the hub has none of the %d users who hold leases (was its database replaced?): none is retired",
+            len(missing),
+        )
+        retired = []
     for user in retired:
         log.warning("retiring %s: they hold leases, and the hub has not had them for two passes", user)
         if retire_missing is not None:
-            # only what they had before this pass asked: a newcomer given the name since is the hub's again
-            await retire_missing(user, asked_at)
+            try:  # only what they had before this pass asked: a newcomer given the name since is the hub's
+                await retire_missing(user, asked_at)
+            except Exception:  # one user's retirement failing must not stop the pass's report
+                log.exception("retiring %s failed; the next pass tries again", user)
     return ReconcileReport(
         tuple(released),
         frozenset(suspects),
@@ -244,8 +274,14 @@ async def reconcile_once(
 
 async def _missing_users(hub: HubClient, holders: set[str]) -> frozenset[str]:
     """The users among ``holders`` whom the hub does not have; one it cannot be asked about counts as had (a
-    token without the scope must not retire anyone, nor stop the pass's other work)."""
-    missing = set()
+    token without an unfiltered scope for it must not retire anyone, nor stop the pass's other work)."""
+    missing: set[str] = set()
+    try:
+        if not holders or not await hub.sees_every_user():
+            return frozenset()
+    except HubError as error:
+        log.warning("could not ask the hub what its token may read: %s", error)
+        return frozenset()
     for user in sorted(holders):
         try:
             if not await hub.user_exists(user):
