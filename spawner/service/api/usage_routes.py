@@ -23,7 +23,9 @@ class UsageOut(BaseModel):
     user: str
     profile: str
     gpu_hours_held: float
-    gpu_hours_used: float = Field(description="held with utilisation above the idle threshold (gpu_idle_threshold)")
+    gpu_hours_used: float = Field(
+        description="held with utilisation above the idle threshold (gpu_idle_threshold)"
+    )
     gpu_hours_unknown: float = Field(description="held while utilisation could not be read")
     idle_share: float | None = Field(description="part of the known held hours that were idle")
 
