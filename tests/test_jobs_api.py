@@ -406,12 +406,13 @@ def test_gpupool_usage_reads_the_usage_api_since_a_date_and_names_a_bad_one(hub:
             if me.get("/usage", params={"since": "2026-01-01"}).json() == rows:
                 break
     assert listed.returncode == 0, listed.stderr
+    said = "(since 2026-01-01 to now; a simulated pool: these GPUs are not real; minutes are counted whole)"
     if rows:
-        header, *lines, total = listed.stdout.splitlines()
+        header, *lines, total, span = listed.stdout.splitlines()
         assert header.split("\t") == ["USER", "PROFILE", "HELD", "USED", "UNKNOWN", "IDLE"]
-        assert len(lines) == len(rows) and total.startswith("total\t")
+        assert len(lines) == len(rows) and total.startswith("total\t") and span == said
     else:
-        assert listed.stdout == "no GPU-hours held in this span\n"
+        assert listed.stdout == f"no GPU-hours held in this span\n{said}\n"
     assert json.loads(as_json.stdout) == rows
     typo = _gpupool(hub, "usage", "--since", "2026-13-01")
     assert typo.returncode == 1 and typo.stderr.startswith("gpupool: since: "), typo.stderr

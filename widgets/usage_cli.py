@@ -38,8 +38,18 @@ def add_usage_command(commands: Any) -> None:
 
 def _usage(args: argparse.Namespace) -> int:
     params = {key: value for key in ("since", "until", "user") if (value := getattr(args, key)) is not None}
-    rows = connect(args).call("GET", "usage", params=params)
-    print(json.dumps(rows, indent=2) if args.json else usage_table(rows))
+    connection = connect(args)
+    rows = connection.call("GET", "usage", params=params)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    # an admin trial could not tell which span the table covered, nor that its GPU-hours were of made-up GPUs
+    span = f"since {args.since}" if args.since else "the last 30 days"
+    span += f" until {args.until}" if args.until else " to now"
+    if connection.call("GET", "pool").get("simulated"):
+        span += "; a simulated pool: these GPUs are not real"
+    print(usage_table(rows))
+    print(f"({span}; minutes are counted whole)")
     return 0
 
 
