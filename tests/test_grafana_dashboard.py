@@ -167,6 +167,17 @@ def test_every_panel_query_parses_and_returns_data(prometheus: httpx.Client, pan
     pytest.fail(f"{panel}: {query} returned {answer}")
 
 
+def test_the_dashboard_says_the_demo_pools_gpus_are_simulated(prometheus: httpx.Client) -> None:
+    """An admin trial found every other view of a simulated pool saying so, and the dashboard not."""
+    (panel,) = [
+        p for p in json.loads(DASHBOARD.read_text())["panels"] if p["title"] == "Devices: real or simulated"
+    ]
+    (target,) = panel["targets"]
+    (series,) = prometheus.get("/query", params={"query": target["expr"]}).json()["data"]["result"]
+    shown = panel["fieldConfig"]["defaults"]["mappings"][0]["options"][series["value"][1]]["text"]
+    assert shown == "SIMULATED: not real GPUs"
+
+
 def test_device_series_join_lease_info_on_dcgm_exporters_labels(prometheus: httpx.Client) -> None:
     query = "gpupool_lease_info * on (device) group_left () gpupool_gpu_utilization_ratio"
     result = prometheus.get("/query", params={"query": query}).json()["data"]["result"]
