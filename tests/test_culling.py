@@ -265,6 +265,9 @@ def test_a_server_idle_on_its_gpu_is_warned_then_culled_with_its_tab_open_and_it
             hub.log,
             timeout=10,
         )
+        # an admin trial read only "released by service …" on a culled server's lease
+        said = _lease(hub, admin, warning["lease_id"])["release_reason"]
+        assert said.startswith("its server was culled (gpu_idle_timeout): its GPUs have been idle"), said
         _wait_for(
             lambda: cluster.devices["alice"] in _free_devices(hub, admin),
             "alice's GPU was not free again",
