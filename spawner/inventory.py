@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .pool.devices import FULL_MILLI, GpuMode, Health, pool_is_simulated
+from .pool.devices import FULL_MILLI, GpuMode, Health, decisive, pool_is_simulated
 from .pool.gpu_equivalents import shares_worth
 from .pool.state import PoolState
 
@@ -143,9 +143,9 @@ def render_pool(description: dict[str, Any], holders: Mapping[str, str] | None =
 
 def _out(node: Health, gpu: Health) -> str | None:
     """What keeps new work off a GPU, its own mark or its node's (a failed or drained node's GPUs take nothing
-    new either): ``unhealthy`` before ``drained``; None when it takes work."""
-    marks = {node, gpu}
-    return next((h.value for h in (Health.UNHEALTHY, Health.DRAINED) if h in marks), None)
+    new either); None when it takes work."""
+    health = decisive((node, gpu))
+    return None if health is Health.HEALTHY else health.value
 
 
 def _count(number: int, noun: str) -> str:

@@ -1,10 +1,10 @@
 """``gpupool pool``: the pool as it is now when a gpupool service runs, else as this host or a pool file has it.
 
 The live pool (who holds what, drains, faults, what is free this minute, who waits) comes from the running
-service's ``GET pool`` and ``GET leases``: the one given with ``--url``/``--token`` (or ``GPUPOOL_SERVICE_URL``/``JUPYTERHUB_API_TOKEN``), or
-the one a ``gpupool up`` keeps in its state folder here (``--state-dir``, default ``.gpupool``). Without one,
-or with ``--pool FILE``, the devices are read as the service would read them at start, and the output says it
-is not the live pool.
+service's ``GET pool`` and ``GET leases``: the one given with ``--url``/``--token`` (or
+``GPUPOOL_SERVICE_URL``/``JUPYTERHUB_API_TOKEN``), or the one a ``gpupool up`` keeps in its state folder here
+(``--state-dir``, default ``.gpupool``). Without one, or with ``--pool FILE``, the devices are read as the service
+would read them at start, and the output says it is not the live pool.
 """
 
 from __future__ import annotations

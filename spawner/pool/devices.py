@@ -22,6 +22,13 @@ class Health(StrEnum):
     DRAINED = "drained"  # taken out by an admin: running work stays, nothing new is placed
 
 
+def decisive(healths: Iterable[Health]) -> Health:
+    """The one of ``healths`` that decides for a device: unhealthy before drained before healthy (a device with
+    a fault and a drain, or on a failed node, is unhealthy)."""
+    found = set(healths)
+    return next((h for h in (Health.UNHEALTHY, Health.DRAINED) if h in found), Health.HEALTHY)
+
+
 class GpuMode(StrEnum):
     """How a GPU is handed out."""
 

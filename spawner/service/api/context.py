@@ -72,12 +72,18 @@ class ServiceParts:
     # whether the hub has a user (its API, as the service); None where the service has no token for it
     hub_has_user: Callable[[str], Awaitable[bool]] | None = None
 
-    async def check_hub_has(self, user: str, caller: Caller) -> None:
-        """404 naming ``user`` when the hub has no such user: asked of an answer about them that came back
-        empty, which a misspelt name otherwise makes look like a user who used nothing (an admin trial). Only a
-        person asking about another is checked (the hub's services ask about users they know), and a hub that
-        cannot be asked leaves the empty answer as it is."""
-        if self.hub_has_user is None or caller.kind != "user" or user == caller.name:
+    async def check_hub_has(self, user: str | None, caller: Caller, answer: Sequence[Any]) -> None:
+        """404 naming ``user`` when ``answer``, asked about them, is empty and the hub has no such user: a
+        misspelt name otherwise looks like a user who used nothing (an admin trial). Only a person asking about
+        another is checked (the hub's services ask about users they know), and a hub that cannot be asked
+        leaves the empty answer as it is."""
+        if (
+            answer
+            or user is None
+            or self.hub_has_user is None
+            or caller.kind != "user"
+            or user == caller.name
+        ):
             return
         if "/" in user:  # NAME/deleted …: a deleted user's filed-away records
             return

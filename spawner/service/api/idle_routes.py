@@ -181,8 +181,7 @@ async def get_warnings(
     elif not caller.sees_everyone:
         user = caller.name
     pending = parts.culls.pending(parts.clock(), user)
-    if not pending and user is not None:
-        await parts.check_hub_has(user, caller)
+    await parts.check_hub_has(user, caller, pending)
     return [asdict(w) for w in pending]
 
 
@@ -202,8 +201,7 @@ async def get_culls(
         user = caller.name
     start = unix_seconds(since) if since is not None else parts.clock() - 7 * 86400
     culls = parts.culls.since(start, user, limit)
-    if not culls and user is not None:
-        await parts.check_hub_has(user, caller)
+    await parts.check_hub_has(user, caller, culls)
     return [asdict(c) for c in culls]
 
 

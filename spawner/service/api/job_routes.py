@@ -111,8 +111,7 @@ async def list_jobs(
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"user: {caller.name} may list only their own jobs")
     everyone = user is None and caller.sees_everyone
     found = jobs.all_jobs(limit) if everyone else jobs.jobs_for(user or caller.name, limit)
-    if not found and user is not None:
-        await parts.check_hub_has(user, caller)
+    await parts.check_hub_has(user, caller, found)
     return [job_out(jobs, job) for job in found]
 
 

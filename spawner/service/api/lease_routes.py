@@ -20,7 +20,6 @@ from ...pool.profiles import refuse_environment
 from ...pool.quotas import standing, standing_in_words, usage
 from ...pool.requests import Request
 from ..leasing.lease_manager import LeaseManager
-from ..store.cull_store import CullRecord
 from .auth import Caller
 from .context import CallerDep, PartsDep, ServiceParts, usable_profile
 from .models import KubePlacement, LeaseOut, LeaseRequest, ProfileOut, QuotaLimitOut, QuotaOut, ResourcesOut
@@ -193,8 +192,7 @@ async def list_leases(
     manager = parts.manager
     if user is not None:
         leases = manager.leases_for(user, active_only=active_only)
-        if not leases:
-            await parts.check_hub_has(user, caller)
+        await parts.check_hub_has(user, caller, leases)
     elif caller.sees_everyone:
         leases = manager.all_leases(active_only=active_only)
     else:
@@ -235,16 +233,10 @@ async def delete_lease(lease_id: str, parts: PartsDep, caller: CallerDep) -> Lea
     if not caller.sees_everyone and lease.state is not LeaseState.RELEASED:
         raise HTTPException(status.HTTP_409_CONFLICT, _give_back_instead(lease))
     reason = f"released by {caller.kind} {caller.name}"
-    if lease.state is not LeaseState.RELEASED and (cull := _cull_of(parts, lease)) is not None:
+    if lease.state is not LeaseState.RELEASED and (cull := parts.culls.of_lease(lease.id)) is not None:
         # the spawner gives a culled server's lease back like any other: say why it stopped (an admin trial)
         reason = f"its server was culled ({cull.limit}): {cull.reason}"[:1000]  # the column's length
     return lease_out(parts, parts.manager.release(lease_id, reason))
-
-
-def _cull_of(parts: ServiceParts, lease: Lease) -> CullRecord | None:
-    """The cull the culler recorded for ``lease``'s server, if any."""
-    culls = parts.culls.since(lease.created_at, lease.user, limit=50)
-    return next((cull for cull in culls if cull.lease_id == lease.id), None)
 
 
 def _give_back_instead(lease: Lease) -> str:

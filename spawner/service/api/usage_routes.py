@@ -49,8 +49,7 @@ async def get_usage(
         raise HTTPException(status.HTTP_400_BAD_REQUEST, "since: must be before until")
     who = user if user is not None else (None if caller.sees_everyone else caller.name)
     rows = parts.usage.report(start, end, who)
-    if not rows and user is not None:
-        await parts.check_hub_has(user, caller)
+    await parts.check_hub_has(user, caller, rows)
     return [
         UsageOut(
             user=row.user,

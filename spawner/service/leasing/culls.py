@@ -53,6 +53,10 @@ class Culls:
         """The culls kept from ``start`` on, newest first, at most ``limit`` (none without a store)."""
         return self.store.since(start, user, limit) if self.store is not None else []
 
+    def of_lease(self, lease_id: str) -> CullRecord | None:
+        """The cull kept for ``lease_id``'s server, if any (none without a store)."""
+        return self.store.of_lease(lease_id) if self.store is not None else None
+
     def put(self, warning: CullWarning) -> None:
         self._warnings[(warning.user, warning.server)] = warning
 

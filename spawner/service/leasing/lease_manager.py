@@ -29,7 +29,7 @@ from typing import TypeVar
 
 from ...pool import expected_start as estimate
 from ...pool import gpu_equivalents
-from ...pool.devices import Health, Node
+from ...pool.devices import Health, Node, decisive
 from ...pool.explain import explain_refusal
 from ...pool.fair_share import DEFAULT_WINDOW, UsageSpan, recent_usage
 from ...pool.leases import Lease, LeaseState, NewLease, OwnerKind
@@ -266,7 +266,7 @@ class LeaseManager:
     def health_of(self, node: str, gpu_index: int | None = None) -> Health:
         """What the marks of a node, or of one GPU on it, make it (not counting its node's marks)."""
         with self._lock:
-            return _effective(self._health_marks.get((node, gpu_index), {}))
+            return decisive(self._health_marks.get((node, gpu_index), {}))
 
     def leases_on(self, node: str, gpu_index: int | None = None) -> list[Lease]:
         """The granted leases holding devices on ``node`` (on its GPU ``gpu_index``, when given)."""
@@ -294,7 +294,7 @@ class LeaseManager:
                 self.set_health(mark.node, mark.health, mark.gpu_index, mark.reason)
 
     def _apply_marks(self, node: str, gpu_index: int | None, marks: dict[Health, str]) -> None:
-        health = _effective(marks)
+        health = decisive(marks)
         self._pool.set_health(node, health, gpu_index)  # KeyError before anything is recorded
         if marks:
             self._health_marks[(node, gpu_index)] = marks
@@ -403,9 +403,3 @@ class LeaseManager:
 
     def _with_position(self, lease: Lease) -> Lease:
         return replace(lease, position=self._queue.position(lease.id)) if lease.id in self._queue else lease
-
-
-def _effective(marks: Mapping[Health, str]) -> Health:
-    if Health.UNHEALTHY in marks:
-        return Health.UNHEALTHY
-    return Health.DRAINED if Health.DRAINED in marks else Health.HEALTHY

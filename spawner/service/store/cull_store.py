@@ -57,6 +57,12 @@ class CullStore:
             connection.execute(insert(CULLS).values(**vars(record) | {"reason": record.reason[:1000]}))
         return True
 
+    def of_lease(self, lease_id: str) -> CullRecord | None:
+        """The cull kept for ``lease_id``'s server, if any (one at most: :meth:`add`)."""
+        with self.engine.connect() as connection:
+            r = connection.execute(select(CULLS).where(CULLS.c.lease_id == lease_id).limit(1)).first()
+        return None if r is None else CullRecord(r.at, r.user, r.server, r.lease_id, r.limit, r.reason)
+
     def since(self, start: float, user: str | None = None, limit: int = 500) -> list[CullRecord]:
         """The culls from ``start`` on, newest first, at most ``limit``; ``user``'s alone when given."""
         query = select(CULLS).where(CULLS.c.at >= start)
