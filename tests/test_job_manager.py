@@ -191,7 +191,9 @@ def test_a_run_started_just_before_a_crash_is_found_by_its_environment_not_start
     tmp_path: Path, user: str
 ) -> None:
     jobs = managers(tmp_path)
-    job, _ = jobs.submit(user, [], sh("sleep 1"))
+    # long enough to outlast a second manager's start on a loaded machine (with "sleep 1" a fresh clone's run
+    # found the job already ended, its pid never looked for)
+    job, _ = jobs.submit(user, [], sh("sleep 5"))
     until(jobs, lambda: jobs.get(job.id).state is JobState.RUNNING, "the job to start")
     running = jobs.get(job.id)
     jobs.store.save(
